@@ -1,0 +1,13 @@
+#pragma once
+// Each subcommand registers itself on the app; main.cpp only wires them up.
+#include <CLI/CLI.hpp>
+
+namespace qinfer::cli {
+
+void add_inspect_command(CLI::App& app);
+
+}  // namespace qinfer::cli
+
+#ifdef QINFER_HAVE_CUDA
+void add_devices_command(CLI::App& app);
+#endif

@@ -1,0 +1,429 @@
+#include "io/config.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace qinfer::io {
+namespace {
+
+// HF transformers' defaults per text model_type: the values a default-constructed config class has.
+// tests/io/config_test.cpp compares this table with tests/fixtures/golden/hf_config_defaults.json,
+// which tools/make_golden.py dumps from the classes themselves.
+const json& defaults_table() {
+  static const json table = json::parse(R"({
+    "qwen3": {
+      "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+      "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768,
+      "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "rope_theta": 10000.0, "attention_bias": false,
+      "partial_rotary_factor": 1.0, "attn_output_gate": false, "hybrid": false
+    },
+    "qwen3_moe": {
+      "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
+      "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": null, "max_position_embeddings": 32768,
+      "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "rope_theta": 10000.0, "attention_bias": false,
+      "partial_rotary_factor": 1.0, "attn_output_gate": false, "hybrid": false,
+      "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+      "mlp_only_layers": [], "norm_topk_prob": false
+    },
+    "qwen3_next": {
+      "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 48,
+      "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768,
+      "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "rope_theta": 10000.0, "attention_bias": false,
+      "partial_rotary_factor": 0.25, "attn_output_gate": true, "hybrid": true, "full_attention_interval": 4,
+      "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+      "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+      "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+      "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "mlp_only_layers": [],
+      "norm_topk_prob": true, "mtp_num_hidden_layers": 1
+    },
+    "qwen3_5_text": {
+      "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+      "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 32768,
+      "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "rope_theta": 10000.0, "attention_bias": false,
+      "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "mrope_interleaved": true,
+      "attn_output_gate": true, "hybrid": true, "full_attention_interval": 4,
+      "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+      "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+      "num_experts": 0, "mtp_num_hidden_layers": 1
+    },
+    "qwen3_5_moe_text": {
+      "vocab_size": 248320, "hidden_size": 2048, "intermediate_size": null, "num_hidden_layers": 40,
+      "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768,
+      "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "rope_theta": 10000.0, "attention_bias": false,
+      "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "mrope_interleaved": true,
+      "attn_output_gate": true, "hybrid": true, "full_attention_interval": 4,
+      "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+      "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+      "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+      "shared_expert_intermediate_size": 512, "norm_topk_prob": true, "every_layer_moe": true,
+      "mtp_num_hidden_layers": 1
+    }
+  })");
+  return table;
+}
+
+// Qwen3.5 VLM checkpoints name their text config by these types; a flat config uses the outer type.
+std::string text_type_for(const std::string& model_type) {
+  if (model_type == "qwen3_5") return "qwen3_5_text";
+  if (model_type == "qwen3_5_moe") return "qwen3_5_moe_text";
+  return model_type;
+}
+
+const json kVisionDefaults = json::parse(R"({
+  "depth": 27, "hidden_size": 1152, "num_heads": 16, "intermediate_size": 4304, "patch_size": 16,
+  "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3, "out_hidden_size": 3584,
+  "num_position_embeddings": 2304, "hidden_act": "gelu_pytorch_tanh", "deepstack_visual_indexes": []
+})");
+
+// Reads `key` from `given`, else from the defaults object (which may hold null = "derived").
+struct Fields {
+  const JsonObject& given;
+  const json& defaults;
+
+  std::optional<int64_t> int_opt(std::string_view key) const {
+    if (auto v = given.int_opt(key)) return v;
+    auto it = defaults.find(key);
+    if (it == defaults.end() || it->is_null()) return std::nullopt;
+    return it->get<int64_t>();
+  }
+  int64_t int_req(std::string_view key) const {
+    auto v = int_opt(key);
+    QINFER_CHECK(v.has_value(), "{}: required field is missing", given.where(key));
+    return *v;
+  }
+  int64_t int_or(std::string_view key, int64_t fallback) const { return int_opt(key).value_or(fallback); }
+  double number_or(std::string_view key, double fallback) const {
+    if (auto v = given.number_opt(key)) return *v;
+    auto it = defaults.find(key);
+    return it == defaults.end() || it->is_null() ? fallback : it->get<double>();
+  }
+  bool bool_or(std::string_view key, bool fallback) const {
+    if (auto v = given.bool_opt(key)) return *v;
+    auto it = defaults.find(key);
+    return it == defaults.end() || it->is_null() ? fallback : it->get<bool>();
+  }
+  std::vector<int64_t> ints_or_empty(std::string_view key) const {
+    if (auto v = given.ints_opt(key)) return *v;
+    auto it = defaults.find(key);
+    return it == defaults.end() || it->is_null() ? std::vector<int64_t>{} : it->get<std::vector<int64_t>>();
+  }
+};
+
+void check_positive(const JsonObject& obj, std::string_view key, int64_t value) {
+  QINFER_CHECK(value > 0, "{}: must be a positive integer, got {}", obj.where(key), value);
+}
+
+QuantSpec parse_quant_spec(const JsonObject& obj, QuantSpec base) {
+  QuantSpec spec = base;
+  if (auto bits = obj.int_opt("bits")) spec.bits = static_cast<int>(*bits);
+  if (auto gs = obj.int_opt("group_size")) spec.group_size = static_cast<int>(*gs);
+  if (auto mode = obj.string_opt("mode")) spec.mode = *mode;
+  return spec;
+}
+
+void validate_quant_spec(const QuantSpec& spec, const std::string& where) {
+  if (spec.mode == "affine") {
+    static constexpr int kBits[] = {2, 3, 4, 5, 6, 8};
+    QINFER_CHECK(std::find(std::begin(kBits), std::end(kBits), spec.bits) != std::end(kBits),
+                 "{}: affine bits must be one of 2, 3, 4, 5, 6, 8, got {}", where, spec.bits);
+    QINFER_CHECK(spec.group_size == 32 || spec.group_size == 64 || spec.group_size == 128,
+                 "{}: affine group_size must be 32, 64 or 128, got {}", where, spec.group_size);
+    return;
+  }
+  struct Fixed { const char* mode; int bits; int group; };
+  static constexpr Fixed kFixed[] = {{"mxfp4", 4, 32}, {"nvfp4", 4, 16}, {"mxfp8", 8, 32}};
+  for (const Fixed& f : kFixed) {
+    if (spec.mode != f.mode) continue;
+    QINFER_CHECK(spec.bits == f.bits && spec.group_size == f.group,
+                 "{}: mode {} needs bits {} and group_size {}, got bits {} and group_size {}", where, f.mode,
+                 f.bits, f.group, spec.bits, spec.group_size);
+    return;
+  }
+  fail("{}: unknown quantization mode '{}' (expected affine, mxfp4, nvfp4 or mxfp8)", where, spec.mode);
+}
+
+// MLX writes `quantization` (and an identical `quantization_config`); other tools write a
+// `quantization_config` with a `quant_method`, which is not an MLX table.
+void parse_quantization(const JsonObject& top, ModelConfig& config) {
+  std::optional<JsonObject> table = top.object_opt("quantization");
+  if (!table) table = top.object_opt("quantization_config");
+  if (!table) return;
+  if (auto method = table->string_opt("quant_method")) {
+    config.foreign_quantization = *method;
+    return;
+  }
+  QuantizationConfig q;
+  q.global = parse_quant_spec(*table, QuantSpec{});
+  validate_quant_spec(q.global, table->where("bits/group_size/mode"));
+  for (const auto& [key, value] : table->raw().items()) {
+    if (key == "bits" || key == "group_size" || key == "mode") continue;
+    if (value.is_boolean()) {
+      q.overrides[key] = value.get<bool>() ? std::optional<QuantSpec>(q.global) : std::nullopt;
+    } else if (value.is_object()) {
+      // A per-module dict is passed to MLX's to_quantized as keyword arguments, so missing keys take
+      // MLX's own defaults (group 64, 4 bits, affine), not the global ones.
+      QuantSpec spec = parse_quant_spec(JsonObject(value, table->where(key)), QuantSpec{});
+      validate_quant_spec(spec, table->where(key));
+      q.overrides[key] = spec;
+    } else {
+      fail("{}: expected an object of quantization parameters or false", table->where(key));
+    }
+  }
+  config.quantization = std::move(q);
+}
+
+RopeConfig parse_rope(const JsonObject& text, const Fields& f) {
+  RopeConfig rope;
+  std::optional<JsonObject> params = text.object_opt("rope_parameters");
+  if (!params) params = text.object_opt("rope_scaling");
+  auto from_params_number = [&](std::string_view key) -> std::optional<double> {
+    return params ? params->number_opt(key) : std::nullopt;
+  };
+  rope.theta = from_params_number("rope_theta").value_or(f.number_or("rope_theta", 10000.0));
+  rope.partial_rotary_factor =
+      from_params_number("partial_rotary_factor").value_or(f.number_or("partial_rotary_factor", 1.0));
+  rope.mrope_section = f.ints_or_empty("mrope_section");
+  rope.mrope_interleaved = f.bool_or("mrope_interleaved", false);
+  if (params) {
+    rope.raw = params->raw();
+    if (auto type = params->string_opt("rope_type")) rope.type = *type;
+    else if (auto legacy = params->string_opt("type")) rope.type = *legacy;
+    rope.factor = params->number_opt("factor").value_or(1.0);
+    rope.original_max_position_embeddings = params->int_opt("original_max_position_embeddings");
+    if (auto section = params->ints_opt("mrope_section")) rope.mrope_section = *section;
+    if (auto interleaved = params->bool_opt("mrope_interleaved")) rope.mrope_interleaved = *interleaved;
+  }
+  static constexpr std::string_view kTypes[] = {"default", "linear", "dynamic", "yarn", "llama3", "mrope"};
+  QINFER_CHECK(std::find(std::begin(kTypes), std::end(kTypes), rope.type) != std::end(kTypes),
+               "{}: unsupported rope_type '{}' (supported: default, linear, dynamic, yarn, llama3, mrope)",
+               text.where(params ? "rope_parameters.rope_type" : "rope_type"), rope.type);
+  return rope;
+}
+
+std::vector<LayerKind> parse_layer_types(const JsonObject& text, const Fields& f, int64_t layers, bool hybrid) {
+  std::vector<LayerKind> kinds;
+  if (auto given = text.strings_opt("layer_types")) {
+    QINFER_CHECK(static_cast<int64_t>(given->size()) == layers,
+                 "{}: has {} entries but num_hidden_layers is {}", text.where("layer_types"), given->size(), layers);
+    for (size_t i = 0; i < given->size(); ++i) {
+      const std::string& t = (*given)[i];
+      if (t == "full_attention") kinds.push_back(LayerKind::full_attention);
+      else if (t == "linear_attention" && hybrid) kinds.push_back(LayerKind::linear_attention);
+      else
+        fail("{}[{}]: unsupported layer type '{}' for this model (expected {})", text.where("layer_types"), i, t,
+             hybrid ? "full_attention or linear_attention" : "full_attention");
+    }
+    return kinds;
+  }
+  // HF derives the pattern when layer_types is absent: every interval-th layer is full attention.
+  const int64_t interval = hybrid ? f.int_or("full_attention_interval", 4) : 1;
+  QINFER_CHECK(interval > 0, "{}: must be positive, got {}", text.where("full_attention_interval"), interval);
+  for (int64_t i = 0; i < layers; ++i)
+    kinds.push_back((i + 1) % interval == 0 ? LayerKind::full_attention : LayerKind::linear_attention);
+  return kinds;
+}
+
+TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::string& text_type) {
+  const json& defaults = hf_text_defaults(text_type);
+  Fields f{text, defaults};
+  TextConfig t;
+  t.model_type = text_type;
+  t.vocab_size = f.int_req("vocab_size");
+  t.hidden_size = f.int_req("hidden_size");
+  t.num_hidden_layers = f.int_req("num_hidden_layers");
+  t.num_attention_heads = f.int_req("num_attention_heads");
+  t.num_key_value_heads = f.int_or("num_key_value_heads", t.num_attention_heads);
+  for (auto [key, value] : {std::pair{"vocab_size", t.vocab_size}, {"hidden_size", t.hidden_size},
+                            {"num_hidden_layers", t.num_hidden_layers}, {"num_attention_heads", t.num_attention_heads},
+                            {"num_key_value_heads", t.num_key_value_heads}})
+    check_positive(text, key, value);
+  t.head_dim = f.int_or("head_dim", t.hidden_size / t.num_attention_heads);
+  check_positive(text, "head_dim", t.head_dim);
+  QINFER_CHECK(t.num_attention_heads % t.num_key_value_heads == 0,
+               "{}: {} does not divide num_attention_heads {}", text.where("num_key_value_heads"),
+               t.num_key_value_heads, t.num_attention_heads);
+  t.max_position_embeddings = f.int_or("max_position_embeddings", 32768);
+  t.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
+  // A VLM's head tying is decided by its outer config (the class that owns lm_head).
+  t.tie_word_embeddings = top.bool_opt("tie_word_embeddings").value_or(f.bool_or("tie_word_embeddings", false));
+  t.attention_bias = f.bool_or("attention_bias", false);
+  QINFER_CHECK(!t.attention_bias, "{}: attention biases are not part of any Qwen3 family checkpoint",
+               text.where("attention_bias"));
+  t.attn_output_gate = f.bool_or("attn_output_gate", false);
+  t.rope = parse_rope(text, f);
+  const int64_t rotary = t.rotary_dim();
+  QINFER_CHECK(rotary > 0 && rotary <= t.head_dim && rotary % 2 == 0,
+               "{}: head_dim {} x partial_rotary_factor {} gives {} rotary dims (must be even, in 2..head_dim)",
+               text.where("partial_rotary_factor"), t.head_dim, t.rope.partial_rotary_factor, rotary);
+  if (!t.rope.mrope_section.empty()) {
+    int64_t sum = 0;
+    for (int64_t s : t.rope.mrope_section) sum += s;
+    QINFER_CHECK(sum == rotary / 2, "{}: sections sum to {} but the rotary dims have {} frequencies",
+                 text.where("rope_parameters.mrope_section"), sum, rotary / 2);
+  }
+
+  const bool hybrid = defaults.value("hybrid", false);
+  t.layer_types = parse_layer_types(text, f, t.num_hidden_layers, hybrid);
+  if (hybrid) {
+    t.linear_num_key_heads = f.int_req("linear_num_key_heads");
+    t.linear_num_value_heads = f.int_req("linear_num_value_heads");
+    t.linear_key_head_dim = f.int_req("linear_key_head_dim");
+    t.linear_value_head_dim = f.int_req("linear_value_head_dim");
+    t.linear_conv_kernel_dim = f.int_req("linear_conv_kernel_dim");
+    for (auto key : {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                     "linear_conv_kernel_dim"})
+      check_positive(text, key, f.int_req(key));
+    QINFER_CHECK(t.linear_num_value_heads % t.linear_num_key_heads == 0,
+                 "{}: {} is not a multiple of linear_num_key_heads {}", text.where("linear_num_value_heads"),
+                 t.linear_num_value_heads, t.linear_num_key_heads);
+  }
+
+  t.num_experts = f.int_or("num_experts", 0);
+  if (t.num_experts > 0) {
+    t.num_experts_per_tok = f.int_req("num_experts_per_tok");
+    t.moe_intermediate_size = f.int_req("moe_intermediate_size");
+    t.shared_expert_intermediate_size = f.int_or("shared_expert_intermediate_size", 0);
+    t.norm_topk_prob = f.bool_or("norm_topk_prob", true);
+    QINFER_CHECK(t.num_experts_per_tok > 0 && t.num_experts_per_tok <= t.num_experts,
+                 "{}: must be in 1..num_experts ({}), got {}", text.where("num_experts_per_tok"), t.num_experts,
+                 t.num_experts_per_tok);
+    check_positive(text, "moe_intermediate_size", t.moe_intermediate_size);
+    // Qwen3.5-MoE puts MoE in every layer: HF deletes decoder_sparse_step / mlp_only_layers.
+    if (!defaults.value("every_layer_moe", false)) {
+      t.decoder_sparse_step = f.int_or("decoder_sparse_step", 1);
+      check_positive(text, "decoder_sparse_step", t.decoder_sparse_step);
+      t.mlp_only_layers = f.ints_or_empty("mlp_only_layers");
+    }
+  }
+  bool any_dense = false;
+  for (int64_t i = 0; i < t.num_hidden_layers; ++i) any_dense = any_dense || !t.is_moe_layer(i);
+  if (any_dense) {
+    t.intermediate_size = f.int_req("intermediate_size");
+    check_positive(text, "intermediate_size", t.intermediate_size);
+  } else {
+    t.intermediate_size = f.int_or("intermediate_size", 0);
+  }
+
+  // Qwen3-Next names its MTP depth num_nextn_predict_layers; Qwen3.5 mtp_num_hidden_layers.
+  if (auto nextn = text.int_opt("num_nextn_predict_layers")) t.mtp_num_hidden_layers = *nextn;
+  else t.mtp_num_hidden_layers = f.int_or("mtp_num_hidden_layers", 0);
+  QINFER_CHECK(t.mtp_num_hidden_layers >= 0, "{}: must not be negative", text.where("mtp_num_hidden_layers"));
+
+  if (auto dtype = text.string_opt("dtype")) t.dtype = *dtype;
+  else if (auto torch_dtype = text.string_opt("torch_dtype")) t.dtype = *torch_dtype;
+  else if (auto top_dtype = top.string_opt("torch_dtype")) t.dtype = *top_dtype;
+  else if (auto top_dtype2 = top.string_opt("dtype")) t.dtype = *top_dtype2;
+  return t;
+}
+
+VisionConfig parse_vision(const JsonObject& obj) {
+  Fields f{obj, kVisionDefaults};
+  VisionConfig v;
+  v.depth = f.int_req("depth");
+  v.hidden_size = f.int_req("hidden_size");
+  v.num_heads = f.int_req("num_heads");
+  v.intermediate_size = f.int_req("intermediate_size");
+  v.patch_size = f.int_req("patch_size");
+  v.temporal_patch_size = f.int_req("temporal_patch_size");
+  v.spatial_merge_size = f.int_req("spatial_merge_size");
+  v.in_channels = f.int_req("in_channels");
+  v.out_hidden_size = f.int_req("out_hidden_size");
+  v.num_position_embeddings = f.int_req("num_position_embeddings");
+  for (auto key : {"depth", "hidden_size", "num_heads", "intermediate_size", "patch_size", "temporal_patch_size",
+                   "spatial_merge_size", "in_channels", "out_hidden_size", "num_position_embeddings"})
+    check_positive(obj, key, f.int_req(key));
+  QINFER_CHECK(v.hidden_size % v.num_heads == 0, "{}: {} is not divisible by num_heads {}", obj.where("hidden_size"),
+               v.hidden_size, v.num_heads);
+  v.hidden_act = obj.string_opt("hidden_act").value_or(kVisionDefaults["hidden_act"].get<std::string>());
+  v.deepstack_visual_indexes = f.ints_or_empty("deepstack_visual_indexes");
+  return v;
+}
+
+void parse_tokens(const JsonObject& top, const JsonObject& text, TokenIds& ids) {
+  auto pick = [&](std::string_view key) { return top.has(key) ? top.int_opt(key) : text.int_opt(key); };
+  ids.bos = pick("bos_token_id");
+  ids.pad = pick("pad_token_id");
+  const JsonObject& eos_owner = top.has("eos_token_id") ? top : text;
+  if (eos_owner.has("eos_token_id")) {
+    const json& eos = eos_owner.raw().at("eos_token_id");
+    if (eos.is_array()) ids.eos = *eos_owner.ints_opt("eos_token_id");
+    else ids.eos = {*eos_owner.int_opt("eos_token_id")};
+  }
+  ids.image = top.int_opt("image_token_id");
+  ids.video = top.int_opt("video_token_id");
+  ids.vision_start = top.int_opt("vision_start_token_id");
+  ids.vision_end = top.int_opt("vision_end_token_id");
+}
+
+}  // namespace
+
+std::string_view name(LayerKind kind) {
+  return kind == LayerKind::full_attention ? "full_attention" : "linear_attention";
+}
+
+std::optional<QuantSpec> QuantizationConfig::for_module(const std::string& module_path) const {
+  auto it = overrides.find(module_path);
+  if (it != overrides.end()) return it->second;
+  return global;
+}
+
+bool TextConfig::is_moe_layer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t TextConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+}
+
+const json& hf_text_defaults(const std::string& text_model_type) {
+  const json& table = defaults_table();
+  auto it = table.find(text_model_type);
+  if (it == table.end()) {
+    std::string known;
+    for (const auto& [key, _] : table.items()) known += (known.empty() ? "" : ", ") + key;
+    fail("unsupported text model_type '{}' (supported: {})", text_model_type, known);
+  }
+  return *it;
+}
+
+ModelConfig parse_config(const json& document, const std::string& label) {
+  JsonObject top(document, label);
+  ModelConfig config;
+  config.raw = document;
+  auto model_type = top.string_opt("model_type");
+  QINFER_CHECK(model_type.has_value(), "{}: required field is missing", top.where("model_type"));
+  config.model_type = *model_type;
+  config.architectures = top.strings_opt("architectures").value_or(std::vector<std::string>{});
+
+  // Qwen3.5 VLM configs nest the language model; a flat config is its own text config (as mlx-lm reads it).
+  std::optional<JsonObject> nested = top.object_opt("text_config");
+  const JsonObject& text = nested ? *nested : top;
+  std::string text_type = text_type_for(config.model_type);
+  if (nested) {
+    if (auto declared = nested->string_opt("model_type")) text_type = *declared;
+  }
+  try {
+    hf_text_defaults(text_type);
+  } catch (const Error& e) {
+    fail("{}: {}", top.where(nested ? "text_config.model_type" : "model_type"), e.what());
+  }
+  config.text = parse_text(top, text, text_type);
+  if (auto vision = top.object_opt("vision_config")) config.vision = parse_vision(*vision);
+  parse_tokens(top, text, config.tokens);
+  parse_quantization(top, config);
+  return config;
+}
+
+ModelConfig load_config(const std::filesystem::path& dir_or_file) {
+  std::filesystem::path file = dir_or_file;
+  if (std::filesystem::is_directory(file)) file /= "config.json";
+  QINFER_CHECK(std::filesystem::exists(file), "{}: config.json not found", file.string());
+  ModelConfig config = parse_config(read_json_file(file), file.string());
+  config.file = file;
+  return config;
+}
+
+}  // namespace qinfer::io

@@ -1,0 +1,111 @@
+#include "io/json.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace qinfer::io {
+namespace {
+
+std::string describe(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+}  // namespace
+
+json read_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  QINFER_CHECK(in.good(), "{}: cannot open file", path.string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  try {
+    return json::parse(buffer.str());
+  } catch (const json::parse_error& e) {
+    fail("{}: malformed JSON at byte {}: {}", path.string(), e.byte, e.what());
+  }
+}
+
+JsonObject::JsonObject(const json& object, std::string label, std::string path)
+    : object_(&object), label_(std::move(label)), path_(std::move(path)) {
+  QINFER_CHECK(object.is_object(), "{}: {}expected a JSON object, got {}", label_,
+               path_.empty() ? "" : path_ + ": ", describe(object));
+}
+
+bool JsonObject::has(std::string_view key) const {
+  auto it = object_->find(key);
+  return it != object_->end() && !it->is_null();
+}
+
+std::string JsonObject::where(std::string_view key) const {
+  return path_.empty() ? fmt::format("{}: {}", label_, key) : fmt::format("{}: {}.{}", label_, path_, key);
+}
+
+std::optional<int64_t> JsonObject::int_opt(std::string_view key) const {
+  if (!has(key)) return std::nullopt;
+  const json& v = object_->at(std::string(key));
+  if (v.is_number_integer()) return v.get<int64_t>();
+  // Some writers emit integral floats ("4.0"); accept them only when exact.
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+  }
+  fail("{}: expected an integer, got {}", where(key), describe(v));
+}
+
+std::optional<double> JsonObject::number_opt(std::string_view key) const {
+  if (!has(key)) return std::nullopt;
+  const json& v = object_->at(std::string(key));
+  QINFER_CHECK(v.is_number(), "{}: expected a number, got {}", where(key), describe(v));
+  return v.get<double>();
+}
+
+std::optional<bool> JsonObject::bool_opt(std::string_view key) const {
+  if (!has(key)) return std::nullopt;
+  const json& v = object_->at(std::string(key));
+  QINFER_CHECK(v.is_boolean(), "{}: expected true or false, got {}", where(key), describe(v));
+  return v.get<bool>();
+}
+
+std::optional<std::string> JsonObject::string_opt(std::string_view key) const {
+  if (!has(key)) return std::nullopt;
+  const json& v = object_->at(std::string(key));
+  QINFER_CHECK(v.is_string(), "{}: expected a string, got {}", where(key), describe(v));
+  return v.get<std::string>();
+}
+
+std::optional<std::vector<int64_t>> JsonObject::ints_opt(std::string_view key) const {
+  if (!has(key)) return std::nullopt;
+  const json& v = object_->at(std::string(key));
+  QINFER_CHECK(v.is_array(), "{}: expected an array of integers, got {}", where(key), describe(v));
+  std::vector<int64_t> out;
+  for (const json& item : v) {
+    QINFER_CHECK(item.is_number_integer(), "{}: expected an array of integers, got element {}", where(key),
+                 describe(item));
+    out.push_back(item.get<int64_t>());
+  }
+  return out;
+}
+
+std::optional<std::vector<std::string>> JsonObject::strings_opt(std::string_view key) const {
+  if (!has(key)) return std::nullopt;
+  const json& v = object_->at(std::string(key));
+  QINFER_CHECK(v.is_array(), "{}: expected an array of strings, got {}", where(key), describe(v));
+  std::vector<std::string> out;
+  for (const json& item : v) {
+    QINFER_CHECK(item.is_string(), "{}: expected an array of strings, got element {}", where(key), describe(item));
+    out.push_back(item.get<std::string>());
+  }
+  return out;
+}
+
+std::optional<JsonObject> JsonObject::object_opt(std::string_view key) const {
+  if (!has(key)) return std::nullopt;
+  const json& v = object_->at(std::string(key));
+  QINFER_CHECK(v.is_object(), "{}: expected an object, got {}", where(key), describe(v));
+  return JsonObject(v, label_, path_.empty() ? std::string(key) : path_ + "." + std::string(key));
+}
+
+}  // namespace qinfer::io
