@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +13,11 @@
 #include "backend/cuda/convert.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
+
+namespace qinfer {
+// Names the dtype in gtest's parameter printouts.
+void PrintTo(DType dtype, std::ostream* out) { *out << name(dtype); }
+}  // namespace qinfer
 
 namespace qinfer::cuda {
 namespace {

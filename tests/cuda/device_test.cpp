@@ -43,7 +43,9 @@ TEST(Devices, CopyBandwidthIsPlausible) {
   // A mistimed probe lands far outside these; a healthy one sits at 70-95% of the peak.
   EXPECT_GT(gbs, 0.3 * peak);
   EXPECT_LT(gbs, 1.05 * peak);
-  if (devices[0].name.find("H200") != std::string::npos) EXPECT_GT(gbs, 1000.0);
+  if (devices[0].name.find("H200") != std::string::npos) {
+    EXPECT_GT(gbs, 1000.0);
+  }
 }
 
 TEST(Devices, MedianTimerMeasuresDeviceWork) {

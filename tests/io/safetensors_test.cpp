@@ -129,7 +129,7 @@ TEST(Safetensors, HeaderFieldsOfValidFile) {
 TEST(Safetensors, ManyTensorsParseQuickly) {
   // Real checkpoints have thousands of entries; any quadratic step would show here.
   SafetensorsWriter writer;
-  constexpr int kCount = 20000;
+  constexpr int kCount = 30000;
   for (int i = 0; i < kCount; ++i)
     writer.add_filled(fmt::format("model.layers.{}.weight", i), DType::bf16, {1, i % 3});
   auto bytes = writer.bytes();
@@ -139,7 +139,7 @@ TEST(Safetensors, ManyTensorsParseQuickly) {
   ASSERT_EQ(header.tensors.size(), static_cast<size_t>(kCount));
   for (size_t i = 1; i < header.tensors.size(); ++i)
     ASSERT_LE(header.tensors[i - 1].data_offset, header.tensors[i].data_offset);
-  EXPECT_LT(seconds, 5.0);  // ~0.05 s in a release build
+  EXPECT_LT(seconds, 3.0);  // 0.2 s in a release build, 9 s if quadratic
 }
 
 TEST(SafetensorsFile, DataSpansHoldTheStoredBytes) {

@@ -1,0 +1,1079 @@
+#!/usr/bin/env python3
+"""Make tiny random-weight Qwen checkpoints and HF transformers reference outputs.
+
+Writes tests/fixtures/golden/<fixture>/ (see tests/fixtures/golden/README.md). Runs where torch and
+transformers are installed (the GPU machine); everything runs on CPU in fp32 and is seeded, so a rerun
+reproduces the same files. Checkpoints are written by hand in the real Hugging Face Hub layout of each
+family (and the mlx-lm/mlx-vlm layout for the *_mlx fixtures), then loaded back with transformers.
+
+    PYTHONUNBUFFERED=1 python3 tools/make_golden.py --out OUTDIR [--only qwen3,qwen3_5]
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+import traceback
+import zlib
+from collections import OrderedDict
+
+import numpy as np
+
+SEED = 20260301
+VOCAB = 512
+PROMPT_LENGTHS = (7, 23, 80)  # the last one crosses the 64-token GDN chunk boundary
+PROMPT_TOKEN_LIMIT = 500      # ids >= 500 are the tiny configs' special tokens
+N_GREEDY = 12
+MLX_GROUP = 64
+
+torch = None          # imported in main(): the helpers above the transformers section need numpy only
+transformers = None
+
+# ----------------------------------------------------------------------------------------------
+# bf16 and safetensors (numpy only). Tensors are numpy arrays: uint16 = bf16 bits, float32, uint32.
+
+ST_DTYPE = {np.dtype(np.uint16): "BF16", np.dtype(np.float32): "F32", np.dtype(np.uint32): "U32"}
+ST_NUMPY = {"BF16": np.uint16, "F32": np.float32, "U32": np.uint32}
+
+
+def bf16_round(x):
+    """float32 -> bf16 bits, round to nearest even (what torch's .to(bfloat16) does)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    u = u + (((u >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF))
+    return (u >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_to_f32(b):
+    return (np.ascontiguousarray(b, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def as_f32(a):
+    return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+
+
+def write_safetensors(path, tensors, fmt):
+    """Hand-written safetensors: u64 LE header length, JSON header (space-padded to 8), raw LE data."""
+    header = {"__metadata__": {"format": fmt}}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": ST_DTYPE[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for blob in blobs:
+            f.write(blob)
+    return offset
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        s, e = info["data_offsets"]
+        dt = np.dtype(ST_NUMPY[info["dtype"]])
+        out[name] = np.frombuffer(data[8 + n + s:8 + n + e], dtype=dt.newbyteorder("<")).astype(dt).reshape(
+            info["shape"])
+    return out, header.get("__metadata__")
+
+
+def write_checkpoint(dirpath, tensors, fmt="pt", shards=1, index=False):
+    """model.safetensors, or HF-named shards model-0000i-of-0000n.safetensors + index (by sorted name)."""
+    names = sorted(tensors)
+    if shards == 1:
+        files = [("model.safetensors", names)]
+    else:
+        sizes = [tensors[n].nbytes for n in names]
+        target, groups, cur, acc = sum(sizes) / shards, [], [], 0
+        for n, s in zip(names, sizes):
+            if cur and acc + s / 2 > target * (len(groups) + 1) and len(groups) < shards - 1:
+                groups.append(cur)
+                cur = []
+            cur.append(n)
+            acc += s
+        groups.append(cur)
+        assert len(groups) == shards, "could not split into shards"
+        files = [(f"model-{i + 1:05d}-of-{shards:05d}.safetensors", g) for i, g in enumerate(groups)]
+    total, weight_map = 0, {}
+    for fname, group in files:
+        total += write_safetensors(os.path.join(dirpath, fname), {n: tensors[n] for n in group}, fmt)
+        weight_map.update({n: fname for n in group})
+    if shards > 1 or index:
+        with open(os.path.join(dirpath, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f,
+                      indent=2)
+            f.write("\n")
+    return [f for f, _ in files]
+
+
+def read_checkpoint(dirpath):
+    out = {}
+    for f in sorted(os.listdir(dirpath)):
+        if f.endswith(".safetensors"):
+            out.update(read_safetensors(os.path.join(dirpath, f))[0])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# MLX affine quantization (qwen-spec §9.1), numpy only.
+
+def mlx_affine_quantize(w, group_size, bits):
+    """w float32 [..., n] -> (wq uint32 [..., n*bits/32], scales f32, biases f32 [..., n/group])."""
+    assert bits in (2, 4, 8) and w.shape[-1] % group_size == 0
+    g = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1] // group_size, group_size)
+    n_bins = np.float32((1 << bits) - 1)
+    w_max = g.max(axis=-1, keepdims=True)
+    w_min = g.min(axis=-1, keepdims=True)
+    mask = np.abs(w_min) > np.abs(w_max)
+    scales = np.maximum((w_max - w_min) / n_bins, np.float32(1e-7)).astype(np.float32)
+    scales = np.where(mask, scales, -scales)
+    edge = np.where(mask, w_min, w_max)
+    q0 = np.round(edge / scales)
+    safe_q0 = np.where(q0 == 0, np.float32(1), q0)
+    scales = np.where(q0 != 0, edge / safe_q0, scales).astype(np.float32)
+    biases = np.where(q0 == 0, np.float32(0), edge).astype(np.float32)
+    q = np.clip(np.round((g - biases) / scales), 0, n_bins).astype(np.uint32)
+    q = q.reshape(*w.shape)
+    gshape = (*w.shape[:-1], w.shape[-1] // group_size)
+    return pack_bits(q, bits), scales.reshape(gshape), biases.reshape(gshape), q
+
+
+def pack_bits(q, bits):
+    """LSB-first: element j of a row sits in bits [(j % per)*bits, ...) of word j // per."""
+    per = 32 // bits
+    qq = q.astype(np.uint64).reshape(*q.shape[:-1], q.shape[-1] // per, per)
+    shifts = (np.arange(per, dtype=np.uint64) * np.uint64(bits))
+    return (qq << shifts).sum(axis=-1).astype(np.uint32)
+
+
+def unpack_bits(wq, bits):
+    per = 32 // bits
+    shifts = (np.arange(per, dtype=np.uint32) * np.uint32(bits))
+    q = (wq[..., None] >> shifts) & np.uint32((1 << bits) - 1)
+    return q.reshape(*wq.shape[:-1], wq.shape[-1] * per)
+
+
+def mlx_dequantize(wq, scales_bf16, biases_bf16, group_size, bits):
+    """scale * q + bias in fp32 from the stored bf16 scales/biases."""
+    q = unpack_bits(wq, bits).astype(np.float32)
+    s = np.repeat(bf16_to_f32(scales_bf16), group_size, axis=-1)
+    b = np.repeat(bf16_to_f32(biases_bf16), group_size, axis=-1)
+    return (s * q + b).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny configs, written like the released config.json of each family (small dims, in-vocab special ids).
+
+def text_layer_types(n, interval):
+    return ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+
+
+def config_qwen3(tv):
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 510, "eos_token_id": 511, "head_dim": 32, "hidden_act": "silu", "hidden_size": 64,
+        "initializer_range": 0.02, "intermediate_size": 128, "max_position_embeddings": 4096,
+        "max_window_layers": 3, "model_type": "qwen3", "num_attention_heads": 4, "num_hidden_layers": 3,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "transformers_version": tv, "use_cache": True, "use_sliding_window": False, "vocab_size": VOCAB,
+    }
+
+
+def config_qwen3_moe(tv):
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 510, "decoder_sparse_step": 1, "eos_token_id": 511, "head_dim": 16, "hidden_act": "silu",
+        "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 128, "max_position_embeddings": 4096,
+        "max_window_layers": 3, "mlp_only_layers": [1], "model_type": "qwen3_moe", "moe_intermediate_size": 48,
+        "norm_topk_prob": True, "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2,
+        "num_hidden_layers": 3, "num_key_value_heads": 2, "output_router_logits": False, "rms_norm_eps": 1e-06,
+        "rope_scaling": None, "rope_theta": 1000000, "router_aux_loss_coef": 0.001, "sliding_window": None,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": tv, "use_cache": True,
+        "use_sliding_window": False, "vocab_size": VOCAB,
+    }
+
+
+def config_qwen3_next(tv):
+    # Like the released Qwen3-Next config: no layer_types (derived from full_attention_interval), flat
+    # rope_theta / partial_rotary_factor. Dk != Dv so a transposed recurrent state cannot pass.
+    return {
+        "architectures": ["Qwen3NextForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 510, "decoder_sparse_step": 1, "eos_token_id": 511, "full_attention_interval": 4,
+        "head_dim": 32, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+        "intermediate_size": 128, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_value_head_dim": 32,
+        "max_position_embeddings": 4096, "mlp_only_layers": [], "model_type": "qwen3_next",
+        "moe_intermediate_size": 48, "norm_topk_prob": True, "num_attention_heads": 4, "num_experts": 8,
+        "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_key_value_heads": 2, "num_nextn_predict_layers": 1,
+        "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 10000000, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 96,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": tv, "use_cache": True,
+        "use_sliding_window": False, "vocab_size": VOCAB,
+    }
+
+
+def vision_config(out_hidden, model_type):
+    return {
+        "deepstack_visual_indexes": [], "depth": 2, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 32,
+        "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 64, "model_type": model_type,
+        "num_heads": 2, "num_position_embeddings": 16, "out_hidden_size": out_hidden, "patch_size": 16,
+        "spatial_merge_size": 2, "temporal_patch_size": 2,
+    }
+
+
+def config_qwen3_5(tv):
+    text = {
+        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": 510,
+        "dtype": "bfloat16", "eos_token_id": 511, "full_attention_interval": 4, "head_dim": 32,
+        "hidden_act": "silu", "hidden_size": 128, "initializer_range": 0.02, "intermediate_size": 256,
+        "layer_types": text_layer_types(4, 4), "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_value_head_dim": 32,
+        "mamba_ssm_dtype": "float32", "max_position_embeddings": 4096, "model_type": "qwen3_5_text",
+        "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False, "num_attention_heads": 4,
+        "num_hidden_layers": 4, "num_key_value_heads": 2, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.25,
+                            "rope_theta": 10000000, "rope_type": "default"},
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB,
+    }
+    # vision_config model_type "qwen3_5" is what released checkpoints carry (transformers renames it).
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": 506, "model_type": "qwen3_5",
+        "text_config": text, "tie_word_embeddings": False, "transformers_version": tv, "video_token_id": 507,
+        "vision_config": vision_config(128, "qwen3_5"), "vision_end_token_id": 505, "vision_start_token_id": 504,
+    }
+
+
+def config_qwen3_5_moe(tv):
+    # head_dim 16 x 0.25 = 4 rotary dims -> mrope_section sums to 2. Dk 32 != Dv 16; every in-dim is 64
+    # so the 4-bit sibling quantizes every Linear.
+    text = {
+        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": 510,
+        "dtype": "bfloat16", "eos_token_id": 511, "full_attention_interval": 4, "head_dim": 16,
+        "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+        "layer_types": text_layer_types(4, 4), "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_value_head_dim": 16,
+        "mamba_ssm_dtype": "float32", "max_position_embeddings": 4096, "model_type": "qwen3_5_moe_text",
+        "moe_intermediate_size": 64, "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+        "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 4,
+        "num_key_value_heads": 2, "output_router_logits": False, "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [1, 1, 0], "partial_rotary_factor": 0.25,
+                            "rope_theta": 10000000, "rope_type": "default"},
+        "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 64, "tie_word_embeddings": False,
+        "use_cache": True, "vocab_size": VOCAB,
+    }
+    return {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "image_token_id": 506, "model_type": "qwen3_5_moe",
+        "text_config": text, "tie_word_embeddings": False, "transformers_version": tv, "video_token_id": 507,
+        "vision_config": vision_config(64, "qwen3_5_moe"), "vision_end_token_id": 505,
+        "vision_start_token_id": 504,
+    }
+
+
+CONFIGS = {"qwen3": config_qwen3, "qwen3_moe": config_qwen3_moe, "qwen3_next": config_qwen3_next,
+           "qwen3_5": config_qwen3_5, "qwen3_5_moe": config_qwen3_5_moe}
+VLM_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+ZERO_CENTRED_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+def text_cfg(cfg):
+    return cfg["text_config"] if "text_config" in cfg else cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# The Hub tensor layout of each family (qwen-spec §2-5, §8, §10), name -> shape.
+
+def layer_type(fam, tc, i):
+    if fam in ("qwen3", "qwen3_moe"):
+        return "full_attention"
+    if tc.get("layer_types"):
+        return tc["layer_types"][i]
+    return "full_attention" if (i + 1) % tc.get("full_attention_interval", 4) == 0 else "linear_attention"
+
+
+def attn_shapes(p, gated, H, nH, nKV, hd):
+    return OrderedDict([
+        (p + "q_proj.weight", [nH * hd * (2 if gated else 1), H]), (p + "k_proj.weight", [nKV * hd, H]),
+        (p + "v_proj.weight", [nKV * hd, H]), (p + "o_proj.weight", [H, nH * hd]),
+        (p + "q_norm.weight", [hd]), (p + "k_norm.weight", [hd])])
+
+
+def linear_attn_shapes(p, fam, tc):
+    H, Hk, Hv = tc["hidden_size"], tc["linear_num_key_heads"], tc["linear_num_value_heads"]
+    Dk, Dv, K = tc["linear_key_head_dim"], tc["linear_value_head_dim"], tc["linear_conv_kernel_dim"]
+    key_dim, value_dim = Hk * Dk, Hv * Dv
+    conv_dim = 2 * key_dim + value_dim
+    S = OrderedDict()
+    if fam == "qwen3_next":
+        S[p + "in_proj_qkvz.weight"] = [2 * key_dim + 2 * value_dim, H]
+        S[p + "in_proj_ba.weight"] = [2 * Hv, H]
+    else:
+        S[p + "in_proj_qkv.weight"] = [conv_dim, H]
+        S[p + "in_proj_z.weight"] = [value_dim, H]
+        S[p + "in_proj_b.weight"] = [Hv, H]
+        S[p + "in_proj_a.weight"] = [Hv, H]
+    S[p + "conv1d.weight"] = [conv_dim, 1, K]
+    S[p + "A_log"] = [Hv]
+    S[p + "dt_bias"] = [Hv]
+    S[p + "norm.weight"] = [Dv]
+    S[p + "out_proj.weight"] = [H, value_dim]
+    return S
+
+
+def dense_mlp_shapes(p, H, I):
+    return OrderedDict([(p + "gate_proj.weight", [I, H]), (p + "up_proj.weight", [I, H]),
+                        (p + "down_proj.weight", [H, I])])
+
+
+def moe_shapes(p, H, E, Im, Is, fused):
+    S = OrderedDict([(p + "gate.weight", [E, H])])
+    if fused:
+        S[p + "experts.gate_up_proj"] = [E, 2 * Im, H]
+        S[p + "experts.down_proj"] = [E, H, Im]
+    else:
+        for e in range(E):
+            S.update(dense_mlp_shapes(f"{p}experts.{e}.", H, Im))
+    if Is:
+        S.update(dense_mlp_shapes(p + "shared_expert.", H, Is))
+        S[p + "shared_expert_gate.weight"] = [1, H]
+    return S
+
+
+def mlp_shapes(p, fam, tc, i, mtp=False):
+    H = tc["hidden_size"]
+    if fam in ("qwen3", "qwen3_5"):
+        return dense_mlp_shapes(p, H, tc["intermediate_size"])
+    E, Im = tc["num_experts"], tc["moe_intermediate_size"]
+    if fam in ("qwen3_moe", "qwen3_next") and not mtp:
+        sparse = i not in tc.get("mlp_only_layers", []) and E > 0 and (i + 1) % tc.get("decoder_sparse_step", 1) == 0
+        if not sparse:
+            return dense_mlp_shapes(p, H, tc["intermediate_size"])
+    Is = tc.get("shared_expert_intermediate_size") if fam != "qwen3_moe" else None
+    # Qwen3.5-MoE main layers are fused on the Hub; its MTP layer (35B layout) and Qwen3-Next are per-expert.
+    return moe_shapes(p, H, E, Im, Is, fused=(fam == "qwen3_5_moe" and not mtp))
+
+
+def vision_shapes(vc, p="model.visual."):
+    D, C, T, ps = vc["hidden_size"], vc["in_channels"], vc["temporal_patch_size"], vc["patch_size"]
+    Iv, out, m = vc["intermediate_size"], vc["out_hidden_size"], vc["spatial_merge_size"]
+    Dm = D * m * m
+    S = OrderedDict([(p + "patch_embed.proj.weight", [D, C, T, ps, ps]), (p + "patch_embed.proj.bias", [D]),
+                     (p + "pos_embed.weight", [vc["num_position_embeddings"], D])])
+    for i in range(vc["depth"]):
+        b = f"{p}blocks.{i}."
+        for n, shp in (("norm1.weight", [D]), ("norm1.bias", [D]), ("norm2.weight", [D]), ("norm2.bias", [D]),
+                       ("attn.qkv.weight", [3 * D, D]), ("attn.qkv.bias", [3 * D]),
+                       ("attn.proj.weight", [D, D]), ("attn.proj.bias", [D]),
+                       ("mlp.linear_fc1.weight", [Iv, D]), ("mlp.linear_fc1.bias", [Iv]),
+                       ("mlp.linear_fc2.weight", [D, Iv]), ("mlp.linear_fc2.bias", [D])):
+            S[b + n] = shp
+    for n, shp in (("norm.weight", [D]), ("norm.bias", [D]), ("linear_fc1.weight", [Dm, Dm]),
+                   ("linear_fc1.bias", [Dm]), ("linear_fc2.weight", [out, Dm]), ("linear_fc2.bias", [out])):
+        S[p + "merger." + n] = shp
+    return S
+
+
+def hub_shapes(fam, cfg):
+    tc = text_cfg(cfg)
+    vlm = fam in VLM_FAMILIES
+    P = "model.language_model." if vlm else "model."
+    H, V = tc["hidden_size"], tc["vocab_size"]
+    nH, nKV = tc["num_attention_heads"], tc["num_key_value_heads"]
+    hd = tc.get("head_dim") or H // nH
+    S = OrderedDict([(P + "embed_tokens.weight", [V, H])])
+    for i in range(tc["num_hidden_layers"]):
+        L = f"{P}layers.{i}."
+        S[L + "input_layernorm.weight"] = [H]
+        S[L + "post_attention_layernorm.weight"] = [H]
+        if layer_type(fam, tc, i) == "full_attention":
+            S.update(attn_shapes(L + "self_attn.", fam not in ("qwen3", "qwen3_moe"), H, nH, nKV, hd))
+        else:
+            S.update(linear_attn_shapes(L + "linear_attn.", fam, tc))
+        S.update(mlp_shapes(L + "mlp.", fam, tc, i))
+    S[P + "norm.weight"] = [H]
+    if not cfg.get("tie_word_embeddings", False):
+        S["lm_head.weight"] = [V, H]
+    if vlm:
+        S.update(vision_shapes(cfg["vision_config"]))
+    return S
+
+
+def mtp_shapes(fam, cfg):
+    """One MTP layer (qwen-spec §8.1): pre-fc norms, fc [H, 2H], a gated full-attention layer, mtp.norm."""
+    tc = text_cfg(cfg)
+    H, nH, nKV, hd = tc["hidden_size"], tc["num_attention_heads"], tc["num_key_value_heads"], tc["head_dim"]
+    S = OrderedDict([("mtp.fc.weight", [H, 2 * H]), ("mtp.pre_fc_norm_embedding.weight", [H]),
+                     ("mtp.pre_fc_norm_hidden.weight", [H]), ("mtp.layers.0.input_layernorm.weight", [H]),
+                     ("mtp.layers.0.post_attention_layernorm.weight", [H])])
+    S.update(attn_shapes("mtp.layers.0.self_attn.", True, H, nH, nKV, hd))
+    S.update(mlp_shapes("mtp.layers.0.mlp.", fam, tc, 0, mtp=True))
+    S["mtp.norm.weight"] = [H]
+    return S
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeded random weights (GOLDEN.md scales): per-tensor seed from the name, independent of order.
+
+def norm_module(name):
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and "norm" in parts[-2]
+
+
+def is_zero_centred_norm(fam, name):
+    """Norms stored as w and applied as (1 + w): Qwen3-Next / Qwen3.5 text and MTP norms, not the
+    linear-attention gated norm, not the vision LayerNorms."""
+    if fam not in ZERO_CENTRED_FAMILIES or not norm_module(name):
+        return False
+    if name.startswith(("model.visual.", "vision_tower.")) or name.endswith("linear_attn.norm.weight"):
+        return False
+    return True
+
+
+def init_tensor(fam, fixture_seed, name, shape, tied):
+    rng = np.random.default_rng([SEED, fixture_seed, zlib.crc32(name.encode())])
+
+    def normal(std):
+        return rng.standard_normal(shape) * std
+
+    if name.endswith("A_log"):
+        v = np.log(rng.uniform(0.3, 3.0, shape))          # decay exp(-A*softplus(.)) spans ~0.01..0.95
+    elif name.endswith("dt_bias"):
+        v = rng.normal(-0.5, 0.5, shape)
+    elif len(shape) == 1 and name.endswith(".bias"):
+        v = normal(0.1)
+    elif len(shape) == 1 and norm_module(name):
+        v = (0.0 if is_zero_centred_norm(fam, name) else 1.0) + normal(0.1)
+    elif name.endswith("embed_tokens.weight"):
+        v = normal(0.3 if tied else 1.0)                  # tied: small, or the model echoes its input
+    elif name.endswith("pos_embed.weight"):
+        v = normal(0.5)
+    elif name.endswith("lm_head.weight"):
+        v = normal(2.0 / math.sqrt(shape[-1]))
+    elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        v = normal(1.0 / math.sqrt(shape[-1]))
+    elif len(shape) >= 2:
+        v = normal(1.0 / math.sqrt(int(np.prod(shape[1:]))))
+    else:
+        raise ValueError(f"no init rule for {name} {shape}")
+    return bf16_round(np.asarray(v, dtype=np.float32))
+
+
+def random_tensors(fam, fixture_seed, shapes, tied=False):
+    return OrderedDict((n, init_tensor(fam, fixture_seed, n, s, tied)) for n, s in shapes.items())
+
+
+# ----------------------------------------------------------------------------------------------
+# Hub layout <-> transformers in-memory layout (v5 keeps experts as fused 3-D parameters).
+
+def expected_memory_state(fam, cfg, hub):
+    """What transformers should hold after loading `hub`: per-expert tensors fused into
+    experts.gate_up_proj [E, 2I, H] (gate rows then up rows) and experts.down_proj [E, H, I]; tied head."""
+    out = OrderedDict((k, as_f32(v)) for k, v in hub.items() if not k.startswith("mtp."))
+    groups = {}
+    for k in list(out):
+        parts = k.split(".")
+        if len(parts) >= 5 and parts[-4] == "experts" and parts[-3].isdigit():
+            base = ".".join(parts[:-3])
+            groups.setdefault(base, {})[(int(parts[-3]), parts[-2])] = k
+    for base, g in groups.items():
+        E = 1 + max(e for e, _ in g)
+        gu = np.stack([np.concatenate([out[g[(e, "gate_proj")]], out[g[(e, "up_proj")]]], axis=0) for e in range(E)])
+        dn = np.stack([out[g[(e, "down_proj")]] for e in range(E)])
+        out[base + ".gate_up_proj"] = gu
+        out[base + ".down_proj"] = dn
+    if cfg.get("tie_word_embeddings", False):
+        P = "model.language_model." if fam in VLM_FAMILIES else "model."
+        out["lm_head.weight"] = out[P + "embed_tokens.weight"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# MLX conversions (qwen-spec §5, §7, §9), numpy only.
+
+def mlx_shifted_norm(name, arr):
+    """Zero-centred norms that mlx-lm stores as 1 + w (text, model norm, q/k norms, every MTP norm)."""
+    return arr.ndim == 1 and name.startswith("language_model.") and is_zero_centred_norm("qwen3_5", name)
+
+
+def hf_to_mlx_name(k):
+    if k.startswith("model.visual."):
+        return "vision_tower." + k[len("model.visual."):]
+    if k.startswith("model.language_model."):
+        return "language_model.model." + k[len("model.language_model."):]
+    return "language_model." + k
+
+
+def mlx_to_hf_name(k):
+    if k.startswith("vision_tower."):
+        return "model.visual." + k[len("vision_tower."):]
+    if k.startswith("language_model.model."):
+        return "model.language_model." + k[len("language_model.model."):]
+    assert k.startswith("language_model."), k
+    return k[len("language_model."):]
+
+
+def to_mlx(hub, keep_mtp):
+    """mlx-lm/mlx-vlm convert of a Qwen3.5(-MoE) HF checkpoint (bf16 in, bf16 out)."""
+    out = OrderedDict()
+    for k, v in hub.items():
+        if k.startswith("mtp.") and not keep_mtp:
+            continue
+        nk = hf_to_mlx_name(k)
+        if nk.endswith("patch_embed.proj.weight"):
+            v = np.ascontiguousarray(v.transpose(0, 2, 3, 4, 1))     # [out, C, T, h, w] -> [out, T, h, w, C]
+        if "conv1d.weight" in nk:
+            v = np.ascontiguousarray(v.transpose(0, 2, 1))           # [C, 1, K] -> [C, K, 1]
+        if mlx_shifted_norm(nk, v):
+            v = bf16_round(bf16_to_f32(v) + np.float32(1.0))         # gamma = 1 + w in fp32, rounded to bf16
+        out[nk] = v
+    for nk in [k for k in out if k.endswith(".mlp.experts.gate_up_proj")]:
+        base = nk[:-len("experts.gate_up_proj")]
+        gu = out.pop(nk)
+        mid = gu.shape[-2] // 2
+        out[base + "switch_mlp.gate_proj.weight"] = np.ascontiguousarray(gu[..., :mid, :])
+        out[base + "switch_mlp.up_proj.weight"] = np.ascontiguousarray(gu[..., mid:, :])
+        out[base + "switch_mlp.down_proj.weight"] = out.pop(base + "experts.down_proj")
+    return out
+
+
+def mlx_quantize_model(mlx, bits=4, group=MLX_GROUP):
+    """mlx-lm quantize_model: every Linear / SwitchLinear / Embedding of the language model whose in-dim
+    is a multiple of the group; router and shared_expert_gate at 8 bits as per-module overrides."""
+    qcfg = OrderedDict([("group_size", group), ("bits", bits), ("mode", "affine")])
+    out, qinfo = OrderedDict(), {}
+    for k, v in mlx.items():
+        module = k[:-len(".weight")] if k.endswith(".weight") else None
+        if not (module and k.startswith("language_model.") and v.ndim >= 2 and "conv1d" not in k
+                and v.shape[-1] % group == 0):
+            out[k] = v
+            continue
+        b = bits
+        if module.endswith((".mlp.gate", ".mlp.shared_expert_gate")):
+            b = 8
+            qcfg[module] = {"group_size": group, "bits": 8}
+        wq, s, bias, q = mlx_affine_quantize(bf16_to_f32(v), group, b)
+        out[k] = wq
+        out[module + ".scales"] = bf16_round(s)
+        out[module + ".biases"] = bf16_round(bias)
+        qinfo[module] = (b, q)
+    return out, qcfg, qinfo
+
+
+def mlx_to_hf(mlx, qcfg=None):
+    """Map an MLX checkpoint back to HF names/layout in fp32: dequantize, gamma - 1, conv and patch
+    embedding back, switch_mlp fused back into experts.gate_up_proj / down_proj."""
+    hf = OrderedDict()
+    for k, v in mlx.items():
+        if k.endswith((".scales", ".biases")):
+            continue
+        module = k[:-len(".weight")]
+        if v.dtype == np.uint32:
+            o = qcfg.get(module, {}) if qcfg else {}
+            x = mlx_dequantize(v, mlx[module + ".scales"], mlx[module + ".biases"],
+                               o.get("group_size", qcfg["group_size"]), o.get("bits", qcfg["bits"]))
+        else:
+            x = as_f32(v)
+        if mlx_shifted_norm(k, x):
+            x = (x - np.float32(1.0)).astype(np.float32)
+        if "conv1d.weight" in k:
+            x = np.ascontiguousarray(x.transpose(0, 2, 1))
+        if k.endswith("patch_embed.proj.weight"):
+            x = np.ascontiguousarray(x.transpose(0, 4, 1, 2, 3))
+        hf[mlx_to_hf_name(k)] = x
+    for k in [k for k in hf if k.endswith(".mlp.switch_mlp.gate_proj.weight")]:
+        base = k[:-len("switch_mlp.gate_proj.weight")]
+        gate, up = hf.pop(k), hf.pop(base + "switch_mlp.up_proj.weight")
+        hf[base + "experts.gate_up_proj"] = np.ascontiguousarray(np.concatenate([gate, up], axis=-2))
+        hf[base + "experts.down_proj"] = hf.pop(base + "switch_mlp.down_proj.weight")
+    return hf
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompts
+
+def make_prompts():
+    rng = np.random.default_rng([SEED, 7])
+    prompts = [[int(t) for t in rng.integers(0, PROMPT_TOKEN_LIMIT, n)] for n in PROMPT_LENGTHS]
+    prompts[1][3] = 0      # token 0 is not padding: one prompt must contain it
+    return prompts
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers side (runs on the machine with torch + transformers)
+
+LOG = []
+
+
+def log(msg=""):
+    print(msg, flush=True)
+    LOG.append(str(msg))
+
+
+def maxdiff(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def write_json(path, obj, indent=2, sort_keys=False):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=indent, sort_keys=sort_keys)
+        f.write("\n")
+
+
+def load_hf(dirpath, arch):
+    cls = getattr(transformers, arch)
+    model, info = cls.from_pretrained(dirpath, dtype=torch.float32, output_loading_info=True)
+    model.eval()
+    info = {k: sorted(str(x) for x in v) for k, v in (info or {}).items() if v is not None}
+    return model, info
+
+
+def check_loading_info(info, allow_unexpected_prefix=None):
+    missing = info.get("missing_keys", [])
+    mismatched = info.get("mismatched_keys", [])
+    unexpected = [k for k in info.get("unexpected_keys", [])
+                  if not (allow_unexpected_prefix and k.startswith(allow_unexpected_prefix))]
+    errors = info.get("error_msgs", [])
+    if missing or mismatched or unexpected or errors:
+        raise RuntimeError(f"load problems: missing={missing[:8]} mismatched={mismatched[:8]} "
+                           f"unexpected={unexpected[:8]} errors={errors[:4]}")
+
+
+def compare_state(model, expected):
+    """Every parameter transformers loaded must equal what the checkpoint says (buffers: reported only)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    worst, unverified = 0.0, []
+    for k, t in model.state_dict().items():
+        if k not in expected:
+            if k in params:
+                unverified.append(f"{k}{list(t.shape)}")
+            else:
+                log(f"    buffer not in checkpoint (not compared): {k}{list(t.shape)}")
+            continue
+        e = expected[k]
+        if list(t.shape) != list(e.shape):
+            raise RuntimeError(f"{k}: loaded shape {list(t.shape)} != expected {list(e.shape)}")
+        worst = max(worst, maxdiff(t.detach().float().numpy(), e))
+    not_loaded = [k for k in expected if k not in model.state_dict()]
+    return worst, unverified, not_loaded
+
+
+def official_reader_check(dirpath, tensors):
+    """Read the hand-written files back with the safetensors library itself."""
+    from safetensors import safe_open
+    seen = {}
+    for f in sorted(os.listdir(dirpath)):
+        if not f.endswith(".safetensors"):
+            continue
+        with safe_open(os.path.join(dirpath, f), framework="pt") as sf:
+            for k in sf.keys():
+                t = sf.get_tensor(k)
+                if t.dtype == torch.bfloat16:
+                    seen[k] = t.view(torch.int16).numpy().view(np.uint16)
+                elif t.dtype == torch.float32:
+                    seen[k] = t.numpy()
+                else:
+                    seen[k] = t.view(torch.int32).numpy().view(np.uint32)
+    bad = sorted(k for k in tensors if k not in seen or not np.array_equal(seen[k], tensors[k]))
+    if bad or set(seen) != set(tensors):
+        raise RuntimeError(f"safetensors library reads back something else: {bad[:5]} "
+                           f"{sorted(set(seen) ^ set(tensors))[:5]}")
+
+
+def forward_logits(model, ids, **extra):
+    x = torch.tensor([ids], dtype=torch.long)
+    with torch.no_grad():
+        out = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, **extra)
+    return out.logits[0].float()
+
+
+def greedy_with_margins(model, prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(torch.argmax(forward_logits(model, seq)[-1])))
+    gen = seq[len(prompt):]
+    tf = forward_logits(model, seq)          # teacher-forced over prompt + greedy tokens
+    margins, flips = [], []
+    for i in range(n):
+        row = tf[len(prompt) - 1 + i]
+        top = torch.topk(row, 2).values
+        margins.append(float(top[0] - top[1]))
+        if int(torch.argmax(row)) != gen[i]:
+            flips.append(i)
+    return gen, margins, flips
+
+
+def generate_cached(model, prompt, n):
+    x = torch.tensor([prompt], dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=511)
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+def compute_reference(model, prompts):
+    ref = {"logits": [], "greedy": [], "greedy_margins": [], "generate_cached_matches": []}
+    for k, p in enumerate(prompts):
+        lg = forward_logits(model, p)
+        ref["logits"].append(lg.numpy().astype(np.float32))
+        gen, margins, flips = greedy_with_margins(model, p, N_GREEDY)
+        if flips:
+            log(f"    prompt {k}: teacher-forced argmax differs from greedy at steps {flips} "
+                f"(margins {[round(margins[i], 6) for i in flips]})")
+        ref["greedy"].append(gen)
+        ref["greedy_margins"].append(margins)
+        try:
+            cached = generate_cached(model, p, N_GREEDY)
+            ref["generate_cached_matches"].append(cached == gen)
+            if cached != gen:
+                log(f"    prompt {k}: generate() (KV/recurrent cache) {cached} != recompute greedy {gen}")
+        except Exception as e:  # diagnostic only
+            ref["generate_cached_matches"].append(None)
+            log(f"    prompt {k}: generate() failed: {type(e).__name__}: {e}")
+    return ref
+
+
+def write_reference(outdir, name, fam, cfg, prompts, ref, notes, extra=None):
+    files, shapes = [], []
+    for k, lg in enumerate(ref["logits"]):
+        fn = f"logits_{k}.bin"
+        with open(os.path.join(outdir, fn), "wb") as f:
+            f.write(np.ascontiguousarray(lg, dtype="<f4").tobytes())
+        files.append(fn)
+        shapes.append(list(lg.shape))
+    doc = OrderedDict([
+        ("fixture", name), ("family", fam), ("model_type", cfg["model_type"]),
+        ("architecture", cfg["architectures"][0]), ("transformers", transformers.__version__),
+        ("torch", torch.__version__), ("seed", SEED), ("format", "hf"), ("prompts", prompts), ("logits", files),
+        ("shape", shapes), ("logits_dtype", "float32 little-endian, row-major [L, V]"),
+        ("greedy", ref["greedy"]), ("greedy_margins", ref["greedy_margins"]),
+        ("generate_cached_matches", ref["generate_cached_matches"]), ("notes", notes)])
+    if extra:
+        doc.update(extra)
+    write_json(os.path.join(outdir, "reference.json"), doc)
+
+
+def investigate_save_pretrained(model, hub, fixture_dir, work):
+    """What transformers' own save_pretrained writes for this model (tensor names/shapes, config.json)."""
+    tmp = os.path.join(work, "saved")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    from safetensors import safe_open
+    saved = {}
+    for f in sorted(os.listdir(tmp)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(tmp, f), framework="pt") as sf:
+                for k in sf.keys():
+                    saved[k] = sf.get_tensor(k)
+    ref = {k: v for k, v in hub.items() if not k.startswith("mtp.")}
+    only_saved = sorted(set(saved) - set(ref))
+    only_hub = sorted(set(ref) - set(saved))
+    shape_diff = [k for k in set(saved) & set(ref) if list(saved[k].shape) != list(ref[k].shape)]
+    value_diff = [k for k in set(saved) & set(ref) if k not in shape_diff and
+                  maxdiff(saved[k].float().numpy(), as_f32(ref[k])) != 0.0]
+    log(f"    save_pretrained: files {sorted(os.listdir(tmp))}")
+    log(f"    save_pretrained: {len(saved)} tensors; only in save_pretrained: {len(only_saved)} {only_saved[:6]}; "
+        f"only in hub layout: {len(only_hub)} {only_hub[:6]}; shape differs: {shape_diff[:6]}; "
+        f"value differs: {value_diff[:6]}")
+    shutil.copy(os.path.join(tmp, "config.json"), os.path.join(fixture_dir, "hf_saved_config.json"))
+    with open(os.path.join(tmp, "config.json")) as f:
+        log("    save_pretrained config.json: " + json.dumps(json.load(f), sort_keys=True))
+
+
+def add_image_reference(model, cfg, prompts):
+    """Qwen3.5 with one image: grid (1, 4, 6) -> 24 patches -> 6 merged tokens."""
+    rng = np.random.default_rng([SEED, 11])
+    grid = [1, 4, 6]
+    vc = cfg["vision_config"]
+    patch_dim = vc["in_channels"] * vc["temporal_patch_size"] * vc["patch_size"] ** 2
+    n_patches = grid[0] * grid[1] * grid[2]
+    n_tokens = n_patches // vc["spatial_merge_size"] ** 2
+    pixels = rng.uniform(-1.0, 1.0, (n_patches, patch_dim)).astype(np.float32)
+    ids = prompts[0][:5] + [cfg["vision_start_token_id"]] + [cfg["image_token_id"]] * n_tokens + \
+        [cfg["vision_end_token_id"]] + prompts[0][2:7]
+    mm = [1 if t == cfg["image_token_id"] else 0 for t in ids]
+    x = torch.tensor([ids], dtype=torch.long)
+    pv = torch.from_numpy(pixels)
+    thw = torch.tensor([grid], dtype=torch.long)
+    with torch.no_grad():
+        feats = model.model.get_image_features(pixel_values=pv, image_grid_thw=thw)
+        feats = feats.pooler_output if hasattr(feats, "pooler_output") else feats
+        if isinstance(feats, (list, tuple)):
+            feats = torch.cat(list(feats), dim=0)
+        out = model(input_ids=x, attention_mask=torch.ones_like(x), pixel_values=pv, image_grid_thw=thw,
+                    mm_token_type_ids=torch.tensor([mm], dtype=torch.int32), use_cache=False)
+    model.model.rope_deltas = None
+    logits = out.logits[0].float().numpy()
+    feats = feats.float().numpy()
+    arrays = {"image_pixel_values.bin": pixels, "image_features.bin": feats, "image_logits.bin": logits}
+    log(f"    image reference: ids {len(ids)}, features {list(feats.shape)}, logits {list(logits.shape)}")
+    return arrays, {"image": OrderedDict([
+        ("input_ids", ids), ("mm_token_type_ids", mm), ("image_grid_thw", [grid]),
+        ("pixel_values", "image_pixel_values.bin"), ("pixel_values_shape", list(pixels.shape)),
+        ("image_features", "image_features.bin"), ("image_features_shape", list(feats.shape)),
+        ("logits", "image_logits.bin"), ("shape", list(logits.shape)),
+        ("notes", "pixel_values are already patch-flattened as the Qwen2/3-VL processor emits them "
+                  "(row order t, h/2, w/2, dh, dw; vector order C, T, ph, pw); image_features = merger output.")])}
+
+
+FIXTURE_SEEDS = {"qwen3": 1, "qwen3_moe": 2, "qwen3_next": 3, "qwen3_5": 4, "qwen3_5_moe": 5}
+
+
+def make_hf_fixture(name, out, work, prompts, tv, state):
+    fam = name
+    cfg = CONFIGS[fam](tv)
+    arch = cfg["architectures"][0]
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    write_json(os.path.join(d, "config.json"), cfg, sort_keys=True)
+    shapes = hub_shapes(fam, cfg)
+    hub = random_tensors(fam, FIXTURE_SEEDS[fam], shapes, tied=cfg.get("tie_word_embeddings", False))
+    shards = 2 if fam == "qwen3_moe" else 1
+    files = write_checkpoint(d, hub, shards=shards)
+    log(f"  {name}: {len(hub)} tensors, {sum(v.nbytes for v in hub.values())} bytes in {files}")
+
+    model, info = load_hf(d, arch)
+    log(f"    loading info: { {k: len(v) for k, v in info.items()} }")
+    check_loading_info(info)
+    expected = expected_memory_state(fam, cfg, hub)
+    worst, unverified, not_loaded = compare_state(model, expected)
+    log(f"    loaded parameters vs checkpoint: max abs diff {worst}; not in checkpoint: {unverified[:8]}; "
+        f"checkpoint-derived keys not in model: {not_loaded[:8]}")
+    if worst != 0.0 or unverified:
+        raise RuntimeError("transformers did not load exactly what the checkpoint holds")
+    mem_keys = sorted(k for k in model.state_dict() if k not in hub)
+    if mem_keys:
+        log(f"    in-memory names that differ from the hub layout: {mem_keys[:6]}")
+
+    ref = compute_reference(model, prompts)
+    extra, arrays = {}, {}
+    if fam == "qwen3_5":
+        try:
+            arrays, extra = add_image_reference(model, cfg, prompts)
+        except Exception as e:
+            log(f"    image reference FAILED: {type(e).__name__}: {e}")
+            traceback.print_exc()
+
+    notes = ("Random bf16 weights (seeded), stored in the Hugging Face Hub layout of the family; logits computed "
+             "in fp32 by transformers from the stored bf16 values (from_pretrained dtype=float32, "
+             "attention_mask of ones, use_cache=False). greedy = argmax re-running the full sequence each step; "
+             "greedy_margins[i] = top1 - top2 logit at the step that produced greedy[i], from one teacher-forced "
+             "pass over prompt + greedy tokens.")
+    if fam in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        mtp = random_tensors(fam, FIXTURE_SEEDS[fam] + 100, mtp_shapes(fam, cfg))
+        hub.update(mtp)
+        for f in files:
+            os.remove(os.path.join(d, f))
+        files = write_checkpoint(d, hub, shards=shards)
+        model2, info2 = load_hf(d, arch)
+        check_loading_info(info2, allow_unexpected_prefix="mtp.")
+        dmax = max(maxdiff(forward_logits(model2, p).numpy(), ref["logits"][k]) for k, p in enumerate(prompts))
+        log(f"    added {len(mtp)} mtp.* tensors; reload: unexpected keys {len(info2.get('unexpected_keys', []))}, "
+            f"logits max abs diff vs reference {dmax}")
+        if dmax != 0.0:
+            raise RuntimeError("mtp tensors changed the logits")
+        notes += (" The mtp.* tensors (random, qwen-spec §8.1) were added after the reference was computed; "
+                  "transformers ignores them (reload gives identical logits).")
+        del model2
+    official_reader_check(d, hub)
+    write_reference(d, name, fam, cfg, prompts, ref, notes, extra)
+    for fn, arr in arrays.items():
+        with open(os.path.join(d, fn), "wb") as f:
+            f.write(np.ascontiguousarray(arr, dtype="<f4").tobytes())
+
+    try:
+        investigate_save_pretrained(model, hub, d, os.path.join(work, name))
+    except Exception as e:
+        log(f"    save_pretrained investigation failed: {type(e).__name__}: {e}")
+    state[name] = {"cfg": cfg, "hub": hub, "ref": ref}
+
+
+def make_mlx_fixture(name, src, out, work, prompts, state, quantize):
+    s = state[src]
+    cfg, hub = s["cfg"], s["hub"]
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    mlx = to_mlx(hub, keep_mtp=not quantize)
+    mcfg = json.loads(json.dumps(cfg))
+    mcfg.pop("_name_or_path", None)
+    qcfg, qinfo = None, {}
+    if quantize:
+        mlx, qcfg, qinfo = mlx_quantize_model(mlx)
+        mcfg["quantization"] = qcfg
+        mcfg["quantization_config"] = qcfg
+    write_json(os.path.join(d, "config.json"), dict(sorted(mcfg.items())), indent=4)
+    write_checkpoint(d, mlx, fmt="mlx", index=True)
+    back, _ = read_safetensors(os.path.join(d, "model.safetensors"))
+    assert set(back) == set(mlx) and all(np.array_equal(back[k], mlx[k]) for k in mlx), "mlx file roundtrip"
+    official_reader_check(d, mlx)
+    log(f"  {name}: {len(mlx)} tensors, {sum(v.nbytes for v in mlx.values())} bytes")
+
+    # Reference from this fixture's own stored values, mapped back to the HF layout in fp32.
+    hf = mlx_to_hf(mlx, qcfg)
+    base = {k: v for k, v in hub.items() if k in hf}
+    if not quantize:
+        for k, v in base.items():
+            if not np.array_equal(hf[k], as_f32(v)) and not is_zero_centred_norm("qwen3_5", k):
+                raise RuntimeError(f"mlx roundtrip changed {k}")
+        log(f"    mlx->hf roundtrip: non-norm tensors identical; norms max |(1+w)_bf16 - 1 - w| = "
+            f"{max(maxdiff(hf[k], as_f32(v)) for k, v in base.items() if is_zero_centred_norm('qwen3_5', k))}")
+    else:
+        worst = {k: maxdiff(hf[k], as_f32(base[k])) for k in base}
+        top = sorted(worst.items(), key=lambda kv: -kv[1])[:3]
+        log(f"    4-bit dequant vs bf16 source: worst tensors {[(k, round(v, 4)) for k, v in top]}")
+        for module, (bits, q) in qinfo.items():
+            if not np.array_equal(unpack_bits(mlx[module + ".weight"], bits), q):
+                raise RuntimeError(f"unpack(pack(q)) != q for {module}")
+        write_quant_check(d, mlx, qcfg)
+    tmp = os.path.join(work, name, "hf_fp32")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    write_json(os.path.join(tmp, "config.json"), cfg, sort_keys=True)
+    write_checkpoint(tmp, {k: v.astype(np.float32) for k, v in hf.items()})
+    model, info = load_hf(tmp, cfg["architectures"][0])
+    check_loading_info(info, allow_unexpected_prefix="mtp.")
+    worst, unverified, _ = compare_state(model, expected_memory_state(src, cfg, hf))
+    if worst != 0.0 or unverified:
+        raise RuntimeError(f"mapped-back weights not loaded exactly (diff {worst}, {unverified[:4]})")
+    ref = compute_reference(model, prompts)
+    dsrc = max(maxdiff(a, b) for a, b in zip(ref["logits"], s["ref"]["logits"]))
+    log(f"    logits max abs diff vs {src} (norm rounding{' + 4-bit quantization' if quantize else ''}): {dsrc}")
+    notes = (f"The {src} fixture converted as mlx-lm/mlx-vlm convert does: language_model.* / vision_tower.* names, "
+             "zero-centred norms stored as 1 + w (fp32 add, rounded to bf16; linear_attn.norm not shifted), conv1d "
+             "[C, K, 1], patch_embed [out, T, h, w, C]")
+    if quantize:
+        notes += (", experts stacked as switch_mlp, mtp dropped, affine quantized (group 64, 4 bits; mlp.gate and "
+                  "shared_expert_gate 8 bits; q packed LSB-first in uint32; bf16 scales/biases; vision tower bf16)."
+                  " Reference: transformers on the dequantized weights (scale*q + bias in fp32).")
+    else:
+        notes += ", mtp kept as language_model.mtp.* (also shifted). Reference: transformers on gamma - 1 (fp32)."
+    notes += " Logits, greedy and margins computed as in the HF fixtures."
+    write_reference(d, name, "qwen3_5_moe" if quantize else "qwen3_5", cfg, prompts, ref, notes,
+                    {"source_fixture": src, "format": "mlx"})
+
+
+def write_quant_check(d, mlx, qcfg):
+    picks = ["language_model.model.embed_tokens", "language_model.model.layers.0.mlp.switch_mlp.down_proj",
+             "language_model.model.layers.3.mlp.gate"]
+    entries = []
+    for module in picks:
+        o = qcfg.get(module, {})
+        bits, gs = o.get("bits", qcfg["bits"]), o.get("group_size", qcfg["group_size"])
+        wq, sc, bi = mlx[module + ".weight"], mlx[module + ".scales"], mlx[module + ".biases"]
+        deq = mlx_dequantize(wq, sc, bi, gs, bits).reshape(-1)
+        entries.append(OrderedDict([
+            ("tensor", module + ".weight"), ("bits", bits), ("group_size", gs), ("packed_shape", list(wq.shape)),
+            ("first_words", [int(x) for x in wq.reshape(-1)[:4]]),
+            ("first_q", [int(x) for x in unpack_bits(wq, bits).reshape(-1)[:16]]),
+            ("first_scale", float(bf16_to_f32(sc).reshape(-1)[0])),
+            ("first_bias", float(bf16_to_f32(bi).reshape(-1)[0])),
+            ("first_dequantized", [float(x) for x in deq[:16]])]))
+    write_json(os.path.join(d, "quant_check.json"), {"note": "dequantized = scale * q + bias (fp32), row-major "
+                                                             "flat order of the unpacked [..., out, in] weight",
+                                                     "tensors": entries})
+
+
+def write_config_defaults(out):
+    names = ["Qwen3Config", "Qwen3MoeConfig", "Qwen3NextConfig", "Qwen3_5TextConfig", "Qwen3_5VisionConfig",
+             "Qwen3_5Config", "Qwen3_5MoeTextConfig", "Qwen3_5MoeConfig"]
+    doc = OrderedDict([("transformers", transformers.__version__),
+                       ("note", "to_dict() of each default-constructed config class")])
+    for n in names:
+        try:
+            doc[n] = json.loads(json.dumps(getattr(transformers, n)().to_dict(), default=str, sort_keys=True))
+        except Exception as e:
+            doc[n] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"  {n}() failed: {e}")
+    write_json(os.path.join(out, "hf_config_defaults.json"), doc)
+
+
+def main():
+    global torch, transformers
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="output folder (gets one subfolder per fixture)")
+    ap.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
+    args = ap.parse_args()
+
+    import torch as _torch
+    import transformers as _transformers
+    torch, transformers = _torch, _transformers
+    torch.manual_seed(SEED)
+    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    log(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"numpy {np.__version__}")
+    try:
+        import safetensors
+        log(f"safetensors {safetensors.__version__}")
+    except Exception as e:
+        log(f"safetensors import failed: {e}")
+    for n in ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
+              "Qwen3_5MoeForConditionalGeneration", "Qwen3_5TextConfig", "Qwen3_5MoeTextConfig",
+              "Qwen3_5VisionConfig", "Qwen3_5Config", "Qwen3_5MoeConfig", "Qwen3NextConfig"]:
+        if not hasattr(transformers, n):
+            log(f"MISSING class transformers.{n}")
+    try:
+        from transformers.utils import import_utils as iu
+        log(f"flash-linear-attention available: {iu.is_flash_linear_attention_available()}, "
+            f"causal-conv1d available: {iu.is_causal_conv1d_available()}")
+    except Exception as e:
+        log(f"(could not query fla availability: {e})")
+
+    os.makedirs(args.out, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="golden_work_")
+    prompts = make_prompts()
+    only = set(filter(None, args.only.split(",")))
+    want = lambda n: not only or n in only
+    tv = transformers.__version__
+    state, failed = {}, []
+    t0 = time.time()
+    plan = [(n, lambda n=n: make_hf_fixture(n, args.out, work, prompts, tv, state))
+            for n in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")]
+    plan += [("qwen3_5_mlx", lambda: make_mlx_fixture("qwen3_5_mlx", "qwen3_5", args.out, work, prompts, state,
+                                                      quantize=False)),
+             ("qwen3_5_moe_mlx_4bit", lambda: make_mlx_fixture("qwen3_5_moe_mlx_4bit", "qwen3_5_moe", args.out, work,
+                                                               prompts, state, quantize=True))]
+    for n, fn in plan:
+        if not want(n):
+            continue
+        t = time.time()
+        try:
+            fn()
+            log(f"  {n}: done in {time.time() - t:.1f}s")
+        except Exception as e:
+            failed.append(n)
+            log(f"  {n}: FAILED: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            shutil.rmtree(os.path.join(args.out, n), ignore_errors=True)
+    if want("hf_config_defaults"):
+        write_config_defaults(args.out)
+    with open(os.path.join(args.out, "make_golden.log"), "w") as f:
+        f.write("\n".join(LOG) + "\n")
+    total = 0
+    for root, _, fs in os.walk(args.out):
+        for f in fs:
+            total += os.path.getsize(os.path.join(root, f))
+    log(f"total output {total} bytes ({total / 2 ** 20:.2f} MiB) in {time.time() - t0:.1f}s; failed: {failed}")
+    shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
