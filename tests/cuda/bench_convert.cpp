@@ -37,10 +37,14 @@ int main() {
   fmt::print("device: {} ({} SMs, peak {:.0f} GB/s)\n", devices[0].name, devices[0].sm_count,
              devices[0].peak_memory_bandwidth_gbs());
   const double copy_gbs = measure_copy_bandwidth_gbs(size_t{1} << 30, 20);
-  fmt::print("copy bandwidth: {:.0f} GB/s (1 GiB device-to-device, read + write, median of 20)\n\n", copy_gbs);
+  fmt::print("copy bandwidth: {:.0f} GB/s (1 GiB device-to-device, read + write, median of 20)\n", copy_gbs);
 
   const uint64_t count = uint64_t{1} << 27;
   DeviceBuffer src(storage_bytes(DType::f32, count) + 16), dst(count * sizeof(float));
+  // Conversions mostly write (f32 out is 2-8x the input): the write-only rate is their other ceiling.
+  const double memset_ms = median_time_ms([&] { QINFER_CUDA_CHECK(cudaMemsetAsync(dst.data(), 0x5A, dst.size())); });
+  fmt::print("write-only bandwidth: {:.0f} GB/s (512 MiB memset, median of 20)\n\n", dst.size() / (memset_ms * 1e-3) / 1e9);
+
   auto host = random_bytes(storage_bytes(DType::f32, count));
   src.upload(host.data(), host.size());
 
