@@ -152,13 +152,19 @@ void launch_convert(const void* d_src, float* d_dst, uint64_t count, cudaStream_
   }
   const uint64_t scalars = count - 4 * units;
 
-  int device = 0, sm_count = 0;
-  QINFER_CUDA_CHECK(cudaGetDevice(&device));
-  QINFER_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  // Vector path: one pass, kUnroll units per thread, as many blocks as that takes (on an H200 this
+  // beat one looping wave by 5-10 points of copy bandwidth). Element-by-element path: one looping
+  // wave, which beat one element per thread (61% against 45% of copy for bf16).
   const uint64_t threads_wanted = std::max((units + kUnroll - 1) / kUnroll, scalars);
-  const uint64_t max_blocks = uint64_t(sm_count) * (2048 / kThreads);  // one full wave; threads loop
-  const auto blocks = static_cast<unsigned>(std::clamp<uint64_t>((threads_wanted + kThreads - 1) / kThreads, 1, max_blocks));
-  convert_kernel<Format><<<blocks, kThreads, 0, stream>>>(d_src, d_dst, head, units, count);
+  uint64_t blocks = (threads_wanted + kThreads - 1) / kThreads;
+  if (units == 0) {
+    int device = 0, sm_count = 0;
+    QINFER_CUDA_CHECK(cudaGetDevice(&device));
+    QINFER_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    blocks = std::min<uint64_t>(blocks, uint64_t(sm_count) * (2048 / kThreads));
+  }
+  blocks = std::clamp<uint64_t>(blocks, 1, 0x7FFFFFFF);  // the grid-stride loops cover any remainder
+  convert_kernel<Format><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(d_src, d_dst, head, units, count);
   QINFER_CUDA_CHECK_LAUNCH("convert_kernel<<<>>>");
 }
 
