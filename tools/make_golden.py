@@ -461,7 +461,9 @@ def init_tensor(fam, fixture_seed, name, shape, tied):
     elif len(shape) == 1 and norm_module(name):
         v = (0.0 if is_zero_centred_norm(fam, name) else 1.0) + normal(0.1)
     elif name.endswith("embed_tokens.weight"):
-        v = normal(0.3 if tied else 1.0)                  # tied: small, or the model echoes its input
+        # Tied: the head reads the residual through the final RMSNorm, so only embedding : layer-output
+        # scale matters; at 0.3 greedy echoes its last token, at 0.1 it does not (logit std ~0.8).
+        v = normal(0.1 if tied else 1.0)
     elif name.endswith("pos_embed.weight"):
         v = normal(0.5)
     elif name.endswith("lm_head.weight"):
@@ -774,7 +776,8 @@ def write_reference(outdir, name, fam, cfg, prompts, ref, notes, extra=None):
         ("generate_cached_matches", ref["generate_cached_matches"]), ("notes", notes)])
     if extra:
         doc.update(extra)
-    write_json(os.path.join(outdir, "reference.json"), doc)
+    with open(os.path.join(outdir, "reference.json"), "w") as f:     # one key per line, lists inline
+        f.write("{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items()) + "\n}\n")
 
 
 def investigate_save_pretrained(model, hub, fixture_dir, work):

@@ -24,12 +24,13 @@ json describe(const models::Checkpoint& ck, bool with_tensors) {
   out["text_model_type"] = c.text.model_type;
   out["generation"] = plan.generation == io::Generation::hf ? "HF" : "MLX-converted";
 
+  // What this checkpoint can do: the family's capabilities, where the tensors for them are present.
   const models::Capabilities caps = ck.family->capabilities(c);
   json cap = json::array();
   if (caps.recurrent_state) cap.push_back("recurrent-state");
   if (caps.moe) cap.push_back("moe");
-  if (caps.vision) cap.push_back("vision");
-  if (caps.mtp) cap.push_back("mtp");
+  if (caps.vision && plan.count(io::TensorGroup::vision) > 0) cap.push_back("vision");
+  if (caps.mtp && plan.count(io::TensorGroup::mtp) > 0) cap.push_back("mtp");
   if (!caps.embedding_terminator.empty()) cap.push_back(fmt::format("embedding({})", caps.embedding_terminator));
   out["capabilities"] = cap;
 

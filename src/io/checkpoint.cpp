@@ -171,20 +171,20 @@ void decide_norm_shift(NormalizationPlan& plan, std::optional<bool> hf_conv_layo
   if (!hf_conv_layout) {
     plan.shift_norms = values_say_raw;
     plan.shift_reason = fmt::format(
-        "no conv1d layout to decide by; the {} zero-centred norm gains average {:.4f}, so they are stored as {}",
+        "no conv1d layout to decide by; the {} zero-centred text norm gains average {:.4f}, so they are stored as {}",
         norms.size(), mean, values_say_raw ? "γ−1 (+1 due)" : "γ (no shift)");
   } else {
     const bool layout_says_raw = *hf_conv_layout;
     QINFER_CHECK(layout_says_raw == values_say_raw,
                  "{}: cannot tell how zero-centred norm gains are stored: the conv1d layout is {} , which means "
-                 "{}, but the {} norm gains average {:.4f}, which looks like {}. Refusing to guess: a wrong +1 "
+                 "{}, but the {} text norm gains average {:.4f}, which looks like {}. Refusing to guess: a wrong +1 "
                  "corrupts the model silently. Check that the checkpoint was converted by one tool, once.",
                  label, layout_says_raw ? "[C, 1, K] (raw HF)" : "[C, K, 1] (MLX-converted)",
                  layout_says_raw ? "gains stored as γ−1 with +1 due" : "gains already stored as γ", norms.size(), mean,
                  values_say_raw ? "γ−1" : "γ");
     plan.shift_norms = layout_says_raw;
     plan.shift_reason =
-        fmt::format("conv1d layout {} => {}; cross-checked: the {} norm gains average {:.4f}",
+        fmt::format("conv1d layout {} => {}; cross-checked: the {} text norm gains average {:.4f}",
                     layout_says_raw ? "[C, 1, K] (raw HF)" : "[C, K, 1] (MLX-converted)",
                     layout_says_raw ? "gains stored as γ−1, +1 at load" : "gains stored as γ, no shift",
                     norms.size(), mean);

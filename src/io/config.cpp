@@ -279,7 +279,9 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
                  t.linear_num_value_heads, t.linear_num_key_heads);
   }
 
-  t.num_experts = f.int_or("num_experts", 0);
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
+  if (auto local = text.int_opt("num_local_experts"); local && !text.has("num_experts")) t.num_experts = *local;
+  else t.num_experts = f.int_or("num_experts", 0);
   if (t.num_experts > 0) {
     t.num_experts_per_tok = f.int_req("num_experts_per_tok");
     t.moe_intermediate_size = f.int_req("moe_intermediate_size");
@@ -310,10 +312,11 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
   else t.mtp_num_hidden_layers = f.int_or("mtp_num_hidden_layers", 0);
   QINFER_CHECK(t.mtp_num_hidden_layers >= 0, "{}: must not be negative", text.where("mtp_num_hidden_layers"));
 
-  if (auto dtype = text.string_opt("dtype")) t.dtype = *dtype;
-  else if (auto torch_dtype = text.string_opt("torch_dtype")) t.dtype = *torch_dtype;
-  else if (auto top_dtype = top.string_opt("torch_dtype")) t.dtype = *top_dtype;
-  else if (auto top_dtype2 = top.string_opt("dtype")) t.dtype = *top_dtype2;
+  // The outer dtype is the stored one: transformers 5 writes nested configs with the load dtype.
+  for (const JsonObject* owner : {&top, &text})
+    for (std::string_view key : {"dtype", "torch_dtype"})
+      if (t.dtype.empty())
+        if (auto dtype = owner->string_opt(key)) t.dtype = *dtype;
   return t;
 }
 

@@ -29,9 +29,9 @@ std::string errno_text(int error) { return std::generic_category().message(error
 // child object, which is quadratic in the number of tensors.)
 class KeyChecker : public json::json_sax_t {
  public:
-  std::string syntax_error;   // nlohmann's message, with the byte position
+  std::string syntax_error;  // nlohmann's message, with the byte position
   std::string duplicate_key;
-  std::string duplicate_in;   // the top-level key holding the object; empty for the top level
+  std::string duplicate_in;  // the top-level key holding the object; empty for the top level
 
   bool null() override { return true; }
   bool boolean(bool) override { return true; }
@@ -84,12 +84,18 @@ json parse_json_unique_keys(std::string_view text, std::string_view label, std::
 
 std::string_view json_type(const json& value) { return value.type_name(); }
 
+// A JSON value for a message, cut short: a hostile header can hold arrays of millions of items.
+std::string describe(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 TensorInfo parse_entry(const std::string& name, const json& entry, uint64_t data_size,
                        std::string_view label) {
-  auto bad = [&](std::string_view problem) {
-    fail("{}: tensor '{}': {}", label, name, problem);
-  };
-  if (!entry.is_object()) bad(fmt::format("entry is a JSON {}, expected an object", json_type(entry)));
+  auto bad = [&](std::string_view problem) { fail("{}: tensor '{}': {}", label, name, problem); };
+  if (!entry.is_object())
+    bad(fmt::format("entry is a JSON {}, expected an object", json_type(entry)));
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!entry.contains(key)) bad(fmt::format("missing key '{}'", key));
   if (entry.size() != 3) {
@@ -102,48 +108,51 @@ TensorInfo parse_entry(const std::string& name, const json& entry, uint64_t data
   info.name = name;
 
   const json& dtype = entry["dtype"];
-  if (!dtype.is_string()) bad(fmt::format("dtype is a JSON {}, expected a string", json_type(dtype)));
+  if (!dtype.is_string())
+    bad(fmt::format("dtype is a JSON {}, expected a string", json_type(dtype)));
   auto parsed_dtype = dtype_from_safetensors(dtype.get_ref<const std::string&>());
   if (!parsed_dtype) bad(fmt::format("unknown dtype '{}'", dtype.get_ref<const std::string&>()));
   info.dtype = *parsed_dtype;
 
   const json& shape = entry["shape"];
-  if (!shape.is_array()) bad(fmt::format("shape is a JSON {}, expected an array", json_type(shape)));
+  if (!shape.is_array())
+    bad(fmt::format("shape is a JSON {}, expected an array", json_type(shape)));
   uint64_t numel = 1;
   info.shape.reserve(shape.size());
   for (const json& dim : shape) {
     if (!dim.is_number_unsigned())
-      bad(fmt::format("shape {} is not a list of non-negative integers", shape.dump()));
+      bad(fmt::format("shape {} is not a list of non-negative integers", describe(shape)));
     uint64_t extent = dim.get<uint64_t>();
     if (extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      bad(fmt::format("shape {} has an extent above 2^63 - 1", shape.dump()));
+      bad(fmt::format("shape {} has an extent above 2^63 - 1", describe(shape)));
     if (__builtin_mul_overflow(numel, extent, &numel))
-      bad(fmt::format("shape {} has more elements than fit in 64 bits", shape.dump()));
+      bad(fmt::format("shape {} has more elements than fit in 64 bits", describe(shape)));
     info.shape.push_back(static_cast<int64_t>(extent));
   }
   // storage_bytes computes numel * bits + 7; refuse counts where that would wrap.
   uint64_t total_bits = 0;
   if (__builtin_mul_overflow(numel, uint64_t{bits(info.dtype)}, &total_bits) ||
       total_bits > std::numeric_limits<uint64_t>::max() - 7)
-    bad(fmt::format("shape {} of dtype {} is larger than 2^64 bytes", shape.dump(),
+    bad(fmt::format("shape {} of dtype {} is larger than 2^64 bytes", describe(shape),
                     traits(info.dtype).safetensors));
 
   const json& offsets = entry["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned())
     bad(fmt::format("data_offsets {} is not a pair of non-negative integers [begin, end]",
-                    offsets.dump()));
+                    describe(offsets)));
   uint64_t begin = offsets[0].get<uint64_t>();
   uint64_t end = offsets[1].get<uint64_t>();
   if (begin > end) bad(fmt::format("data_offsets [{}, {}] have end before begin", begin, end));
   if (end > data_size)
-    bad(fmt::format("data_offsets [{}, {}] run past the end of the data ({} bytes); the file is "
+    bad(
+        fmt::format("data_offsets [{}, {}] run past the end of the data ({} bytes); the file is "
                     "truncated or the offsets are wrong",
                     begin, end, data_size));
   uint64_t expected = storage_bytes(info.dtype, numel);
   if (end - begin != expected)
     bad(fmt::format("data_offsets [{}, {}] span {} bytes, but shape {} of dtype {} needs {} bytes",
-                    begin, end, end - begin, shape.dump(), traits(info.dtype).safetensors,
+                    begin, end, end - begin, describe(shape), traits(info.dtype).safetensors,
                     expected));
   info.data_offset = begin;
   info.nbytes = end - begin;
@@ -198,7 +207,8 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, std::string
                "{}: file is {} bytes, too short for the 8-byte header length of a safetensors file",
                label, file.size());
   uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | std::to_integer<uint64_t>(file[i]);
+  for (int i = 7; i >= 0; --i)
+    header_size = (header_size << 8) | std::to_integer<uint64_t>(file[i]);
   QINFER_CHECK(header_size <= kMaxHeaderBytes,
                "{}: header length {} exceeds the {} byte limit (corrupt file or not safetensors)",
                label, header_size, kMaxHeaderBytes);
@@ -264,7 +274,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
 
 std::span<const std::byte> SafetensorsFile::data(const TensorInfo& tensor) const {
   uint64_t begin = header_.data_start + tensor.data_offset;
-  QINFER_CHECK(tensor.data_offset <= file_.bytes().size() && tensor.nbytes <= file_.bytes().size() &&
+  QINFER_CHECK(tensor.data_offset <= file_.bytes().size() &&
+                   tensor.nbytes <= file_.bytes().size() &&
                    begin + tensor.nbytes <= file_.bytes().size(),
                "{}: tensor '{}' (bytes [{}, {})) is not inside this file", path().string(),
                tensor.name, tensor.data_offset, tensor.data_offset + tensor.nbytes);
@@ -328,7 +339,8 @@ TensorStore::TensorStore(const std::filesystem::path& dir) : dir_(dir) {
   } else if (fs::exists(dir / "model.safetensors", ec)) {
     file_names.push_back("model.safetensors");
   } else {
-    // MLX style: every *.safetensors; like Python's glob, hidden files (e.g. macOS "._x") are skipped.
+    // MLX style: every *.safetensors; like Python's glob, hidden files (e.g. macOS "._x") are
+    // skipped.
     fs::directory_iterator it(dir, ec);
     QINFER_CHECK(!ec, "{}: cannot list directory: {}", dir.string(), ec.message());
     for (; it != fs::directory_iterator(); it.increment(ec)) {

@@ -66,6 +66,18 @@ TEST(Config, NestedQwen35VlmConfig) {
   EXPECT_EQ(c.text.dtype, "bfloat16");
 }
 
+TEST(Config, Transformers5NamesAndNestedDtype) {
+  json doc = {{"model_type", "qwen3_moe"}, {"hidden_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"vocab_size", 100}, {"num_local_experts", 6}, {"num_experts_per_tok", 2},
+              {"moe_intermediate_size", 32}, {"intermediate_size", 128}, {"dtype", "bfloat16"}};
+  ModelConfig c = parse_config(doc, "cfg.json");
+  EXPECT_EQ(c.text.num_experts, 6);
+  json vlm = qwen3_5_vlm();
+  vlm["dtype"] = "bfloat16";
+  vlm["text_config"]["dtype"] = "float32";  // transformers 5 writes the load dtype here
+  EXPECT_EQ(parse_config(vlm, "cfg.json").text.dtype, "bfloat16");
+}
+
 TEST(Config, FlatQwen35ConfigIsItsOwnTextConfig) {
   json flat = qwen3_5_vlm()["text_config"];
   flat["model_type"] = "qwen3_5";
@@ -247,6 +259,7 @@ TEST(Config, DefaultsMatchTransformers) {
       // Keys of ours that HF keeps elsewhere (rope parameters) or that are qinfer's own flags.
       json expected;
       if (theirs.contains(key)) expected = theirs[key];
+      else if (key == "num_experts" && theirs.contains("num_local_experts")) expected = theirs["num_local_experts"];
       else if (theirs.contains("rope_parameters") && theirs["rope_parameters"].is_object() &&
                theirs["rope_parameters"].contains(key))
         expected = theirs["rope_parameters"][key];

@@ -176,7 +176,10 @@ TEST(SafetensorsFile, DataSpansHoldTheStoredBytes) {
 TEST(SafetensorsFile, TruncatedFileNamesTensor) {
   TempDir dir;
   fs::path path = dir / "cut.safetensors";
-  SafetensorsWriter().add_filled("first", DType::f32, {4}).add_filled("second", DType::f32, {4}).write(path);
+  SafetensorsWriter()
+      .add_filled("first", DType::f32, {4})
+      .add_filled("second", DType::f32, {4})
+      .write(path);
   fs::resize_file(path, fs::file_size(path) - 3);
   std::string message = error_of([&] { SafetensorsFile file(path); });
   expect_contains(message, path.string());
@@ -210,15 +213,21 @@ void write_index(const fs::path& dir, const std::string& weight_map) {
 
 // Two shards as transformers writes them: a and b in the first, c in the second.
 void write_sharded(const fs::path& dir) {
-  SafetensorsWriter().add_filled("a", DType::bf16, {2, 2}).add_filled("b", DType::f32, {3}).write(
-      dir / "model-00001-of-00002.safetensors");
-  SafetensorsWriter().add_filled("c", DType::u8, {5}).write(dir / "model-00002-of-00002.safetensors");
+  SafetensorsWriter()
+      .add_filled("a", DType::bf16, {2, 2})
+      .add_filled("b", DType::f32, {3})
+      .write(dir / "model-00001-of-00002.safetensors");
+  SafetensorsWriter()
+      .add_filled("c", DType::u8, {5})
+      .write(dir / "model-00002-of-00002.safetensors");
 }
 
 TEST(TensorStore, SingleFile) {
   TempDir dir;
-  SafetensorsWriter().add_filled("x", DType::f16, {2, 4}).add_filled("y", DType::i32, {3}).write(
-      dir / "model.safetensors");
+  SafetensorsWriter()
+      .add_filled("x", DType::f16, {2, 4})
+      .add_filled("y", DType::i32, {3})
+      .write(dir / "model.safetensors");
   // Other safetensors next to model.safetensors (e.g. consolidated weights) are not read.
   write_file(dir / "consolidated.safetensors", std::string_view("junk"));
   TensorStore store(dir.path());
@@ -270,7 +279,8 @@ TEST(TensorStore, IndexErrors) {
   write_index(dir.path(), R"({"a":")" + shard1 + R"(","b":")" + shard1 + R"(","c":")" + shard2 +
                               R"(","d":")" + shard2 + R"("})");
   message = store_error(dir.path());
-  expect_contains(message, "tensor 'd' is listed in " + shard2 + " but that shard has no such tensor");
+  expect_contains(message,
+                  "tensor 'd' is listed in " + shard2 + " but that shard has no such tensor");
 
   write_index(dir.path(), R"({"a":")" + shard1 + R"(","c":")" + shard2 + R"("})");
   message = store_error(dir.path());
@@ -281,7 +291,8 @@ TEST(TensorStore, IndexErrors) {
   message = store_error(dir.path());
   expect_contains(message, "tensor 'b' is listed in " + shard2 + " but stored in " + shard1);
 
-  for (std::string escape : {"../model-00001-of-00002.safetensors", "sub/x.safetensors", "..", ""}) {
+  for (std::string escape :
+       {"../model-00001-of-00002.safetensors", "sub/x.safetensors", "..", ""}) {
     SCOPED_TRACE(escape);
     write_index(dir.path(), map(shard1, shard1, escape));
     message = store_error(dir.path());

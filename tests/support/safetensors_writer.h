@@ -2,14 +2,13 @@
 // Test helper: writes safetensors files. SafetensorsWriter makes well-formed files from
 // name -> (dtype, shape, bytes); safetensors_bytes() wraps any header text and payload, for broken
 // files. Nothing is validated here: a byte count that does not match the shape is written as given.
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -47,7 +46,8 @@ inline std::vector<std::byte> safetensors_bytes(std::string_view header,
 
 inline void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
@@ -68,7 +68,8 @@ class SafetensorsWriter {
     uint64_t count = 1;
     for (int64_t extent : shape) count *= static_cast<uint64_t>(extent);
     std::vector<std::byte> data(storage_bytes(dtype, count));
-    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 7 + tensors_.size());
+    for (size_t i = 0; i < data.size(); ++i)
+      data[i] = static_cast<std::byte>(i * 7 + tensors_.size());
     return add(std::move(name), dtype, std::move(shape), std::move(data));
   }
   SafetensorsWriter& metadata(std::string key, std::string value) {
