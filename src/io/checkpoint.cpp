@@ -74,7 +74,7 @@ struct Entry {
 
 class PlanBuilder {
  public:
-  PlanBuilder(const ModelConfig& config, const TensorStore& store) : config_(config), store_(store) {}
+  explicit PlanBuilder(const TensorStore& store) : store_(store) {}
 
   NormalizationPlan plan;
 
@@ -145,7 +145,6 @@ class PlanBuilder {
   }
 
  private:
-  const ModelConfig& config_;
   const TensorStore& store_;
 };
 
@@ -356,7 +355,7 @@ size_t NormalizationPlan::count(TensorGroup group) const {
 
 NormalizationPlan normalize_checkpoint(const ModelConfig& config, const TensorStore& store, const SanitizeRules& rules) {
   const std::string label = store.dir().string();
-  PlanBuilder builder(config, store);
+  PlanBuilder builder(store);
   NormalizationPlan& plan = builder.plan;
   plan.zero_centred_norms = rules.zero_centred_norms;
 

@@ -1,0 +1,124 @@
+#pragma once
+// The op set every backend implements with one signature: `ref` (scalar fp32, the oracle), `cpu`
+// (AVX2/FMA/F16C, threads) and `cuda`. Activations are f32; weights may be f32, bf16 or f16 (quantized
+// formats arrive as further weight dtypes of `linear` / `embedding` / `moe_experts`). All tensors are
+// contiguous row-major on the backend's device. Ops that cross tokens take the batch's sequence
+// layout (a flat varlen batch: many sequences' tokens concatenated) and choose their algorithm
+// (recurrent vs chunked, decode vs prefill) from it.
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "backend/sampling.h"
+#include "backend/tensor.h"
+
+namespace qinfer {
+
+class ThreadPool;
+
+// Where each sequence's tokens sit in the flat batch, and its state slot.
+struct SeqLayout {
+  std::vector<int32_t> cu_seqlens;  // [S+1]: tokens of sequence s are [cu_seqlens[s], cu_seqlens[s+1])
+  std::vector<int32_t> state_slot;  // [S]: recurrent-state slot (conv window + delta state) of each sequence
+  int64_t num_seqs() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
+  int64_t num_tokens() const { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
+};
+
+// Paged attention over one layer's KV pool.
+struct AttentionLayout {
+  SeqLayout seqs;
+  std::vector<int32_t> cached;       // [S]: tokens each sequence had in the cache before this batch
+  std::vector<int32_t> block_table;  // [S, max_blocks] row-major: physical block of each logical block
+  int32_t max_blocks = 0;
+  int32_t block_size = 0;
+};
+
+// One attention layer's KV pool: [num_blocks, block_size, kv_heads, head_dim], f32.
+struct KvPool {
+  Tensor k, v;
+};
+
+struct RopeParams {
+  int64_t rotary_dim = 0;  // the first rotary_dim features of each head rotate (rotate-half pairing)
+  double theta = 10000.0;
+  // Interleaved MRoPE: frequency i takes its position from axis H if i%3==1 && i<3*section[1], from
+  // W if i%3==2 && i<3*section[2], else from T. Empty: every frequency uses positions row 0.
+  std::vector<int64_t> mrope_section;
+};
+
+enum class GdnAlgorithm { automatic, recurrent, chunked };
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+  virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
+
+  // out[t,:] = table[ids[t],:]. ids i32 [T]; table [V,H] f32|bf16|f16; out f32 [T,H].
+  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  // y = x · wᵀ. x f32 [T,in]; w [out,in] f32|bf16|f16; y f32 [T,out].
+  virtual void linear(const Tensor& x, const Tensor& w, Tensor& y) = 0;
+  // y = x / sqrt(mean(x²) + eps) · w over the last dim D. x, y f32 [N,D] (may alias); w f32 [D].
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
+  // y = rms_norm(x, w) · silu(z). x, z, y f32 [N,D]; w f32 [D].
+  virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) = 0;
+  // y = scale · x / sqrt(Σx² + eps) over the last dim. x, y f32 [N,D] (may alias).
+  virtual void l2_norm(const Tensor& x, float eps, float scale, Tensor& y) = 0;
+  // In place on x f32 [T, heads, head_dim]; positions i32 [3, T] (rows t, h, w; equal for text).
+  virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params) = 0;
+  // out = silu(gate) · up. All f32, same shape (out may alias either).
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // x = x · sigmoid(gate). Same shape.
+  virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;
+  // x += y. Same shape.
+  virtual void add(Tensor& x, const Tensor& y) = 0;
+
+  // Writes this batch's keys / values into the pool at each token's cache position
+  // (cached[s] + index within the sequence). k, v f32 [T, kv_heads, head_dim].
+  virtual void kv_store(const Tensor& k, const Tensor& v, const AttentionLayout& layout, KvPool& pool) = 0;
+  // Causal GQA attention of each token over its sequence's cached keys plus the batch's keys up to
+  // itself (already stored by kv_store). q f32 [T, heads, head_dim]; out f32 [T, heads, head_dim].
+  virtual void attention(const Tensor& q, const KvPool& pool, const AttentionLayout& layout, float scale,
+                         Tensor& out) = 0;
+
+  // Softmax over E experts (fp32), top-k, optional renormalization of the k weights.
+  // logits f32 [T,E]; ids i32 [T,k]; weights f32 [T,k] (k = ids.dim(1)).
+  virtual void moe_route(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) = 0;
+  // out[t] = Σ_j weights[t,j] · down_e(silu(gate_e(x[t])) · up_e(x[t])), e = ids[t,j].
+  // x f32 [T,H]; gate, up [E,I,H]; down [E,H,I] (f32|bf16|f16); out f32 [T,H] (overwritten).
+  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate,
+                           const Tensor& up, const Tensor& down, Tensor& out) = 0;
+
+  // Gated DeltaNet gates: beta = sigmoid(b); g = −exp(A_log) · softplus(a + dt_bias) (log decay).
+  // a, b, g, beta f32 [T,Hv]; A_log, dt_bias f32 [Hv].
+  virtual void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g,
+                         Tensor& beta) = 0;
+  // Causal depthwise conv1d with SiLU, per sequence, continuing from each sequence's window:
+  // out[t,c] = silu(Σ_j w[c,j] · in[t-K+1+j, c]) where frames before the sequence's first token come
+  // from conv_state[slot] ([K-1, C], oldest first). Afterwards conv_state[slot] holds the last K-1
+  // input frames. x, out f32 [T,C]; w f32 [C,K]; conv_state f32 [slots, K-1, C].
+  virtual void conv1d_causal(const Tensor& x, const Tensor& w, const SeqLayout& layout, Tensor& conv_state,
+                             Tensor& out) = 0;
+  // Gated delta rule per sequence from its state slot; value head h reads key head h / (Hv/Hk).
+  // For each token: S = exp(g)·S; δ = β·(v − S·k); S += δ ⊗ k; o = S·q.
+  // q, k f32 [T,Hk,Dk] (already l2-normed, q scaled); v f32 [T,Hv,Dv]; g (log decay), beta f32 [T,Hv];
+  // state f32 [slots, Hv, Dv, Dk] (S[i,j]: i over Dv, j over Dk), updated; out f32 [T,Hv,Dv].
+  // `algorithm` automatic lets the backend choose per sequence (chunked for long ones); tests force
+  // recurrent or the chunk-64 WY form, which must agree.
+  virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                const Tensor& beta, const SeqLayout& layout, Tensor& state, Tensor& out,
+                                GdnAlgorithm algorithm) = 0;
+
+  // Picks one token per row of logits f32 [S,V] (see backend/sampling.h for the exact semantics, which
+  // every backend shares). history[s] holds row s's prompt + generated ids, for the penalties.
+  virtual void sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                      const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
+                      std::vector<int32_t>& out) = 0;
+};
+
+std::unique_ptr<Ops> make_ref_ops();
+std::unique_ptr<Ops> make_cpu_ops(ThreadPool& pool);
+
+}  // namespace qinfer
