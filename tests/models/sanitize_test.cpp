@@ -58,11 +58,17 @@ TEST_P(SanitizeRoundTrip, CanonicalValuesSurvive) {
   EXPECT_EQ(ck.plan.shift_norms, zero_centred && c.layout == Layout::hf);
   EXPECT_EQ(ck.plan.count(io::TensorGroup::mtp) > 0, o.with_mtp);
   EXPECT_EQ(ck.plan.count(io::TensorGroup::vision), o.with_vision ? 2u : 0u);
-  if (c.layout == Layout::mlx && ck.family->rules.vlm_naming) EXPECT_EQ(ck.plan.generation, io::Generation::mlx);
-  if (c.layout == Layout::hf) EXPECT_EQ(ck.plan.generation, io::Generation::hf);
+  if (c.layout == Layout::mlx && ck.family->rules.vlm_naming) {
+    EXPECT_EQ(ck.plan.generation, io::Generation::mlx);
+  }
+  if (c.layout == Layout::hf) {
+    EXPECT_EQ(ck.plan.generation, io::Generation::hf);
+  }
   for (const auto& [name, t] : ck.plan.tensors) {
     // The linear-attention output norm is a plain gain and is never shifted.
-    if (name.ends_with("linear_attn.norm.weight")) EXPECT_FALSE(t.add_one) << name;
+    if (name.ends_with("linear_attn.norm.weight")) {
+      EXPECT_FALSE(t.add_one) << name;
+    }
   }
 }
 
