@@ -70,7 +70,8 @@ class Ops {
   virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params) = 0;
   // out = silu(gate) · up. All f32, same shape (out may alias either).
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  // x = x · sigmoid(gate). Same shape.
+  // x = x · sigmoid(gate). gate has x's shape, or [N,1] for x [N,D] (one gate per row, broadcast:
+  // the MoE shared-expert gate).
   virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;
   // x += y. Same shape.
   virtual void add(Tensor& x, const Tensor& y) = 0;

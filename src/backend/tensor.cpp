@@ -30,6 +30,20 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
+  QINFER_CHECK(src.rank() == 2 && dst.rank() == 2 && src.dim(0) == dst.dim(0) && src.dtype == dst.dtype &&
+                   src.device == dst.device && src_col >= 0 && dst_col >= 0 && width >= 0 &&
+                   src_col + width <= src.dim(1) && dst_col + width <= dst.dim(1) && bits(src.dtype) % 8 == 0,
+               "copy_columns: bad arguments (src [{}, {}] col {}, dst [{}, {}] col {}, width {})", src.dim(0),
+               src.dim(1), src_col, dst.dim(0), dst.dim(1), dst_col, width);
+  QINFER_CHECK(src.device == Device::cpu, "copy_columns: device tensors are copied by their backend");
+  const size_t elem = bits(src.dtype) / 8;
+  const char* from = static_cast<const char*>(src.data);
+  char* to = static_cast<char*>(dst.data);
+  for (int64_t r = 0; r < src.dim(0); ++r)
+    std::memcpy(to + (r * dst.dim(1) + dst_col) * elem, from + (r * src.dim(1) + src_col) * elem, width * elem);
+}
+
 Tensor host_tensor(DType dtype, std::vector<int64_t> shape) {
   Tensor t;
   t.dtype = dtype;

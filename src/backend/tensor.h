@@ -31,6 +31,11 @@ struct Tensor {
   Tensor rows(int64_t begin, int64_t end) const;
 };
 
+// Copies `width` columns of 2-D src (starting at src_col) into 2-D dst (starting at dst_col), row by
+// row: the strided copy behind splitting fused projections (q|gate, q|k|v|z) and concatenating them.
+// Both tensors on the same device, same dtype, same row count.
+void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
+
 // Host tensor, 64-byte aligned, zero-filled.
 Tensor host_tensor(DType dtype, std::vector<int64_t> shape);
 

@@ -296,6 +296,8 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
       t.decoder_sparse_step = f.int_or("decoder_sparse_step", 1);
       check_positive(text, "decoder_sparse_step", t.decoder_sparse_step);
       t.mlp_only_layers = f.ints_or_empty("mlp_only_layers");
+    } else {
+      t.norm_topk_prob = true;  // Qwen3.5-MoE's router always renormalizes (HF has no switch for it)
     }
   }
   bool any_dense = false;

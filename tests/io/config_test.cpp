@@ -275,3 +275,36 @@ TEST(Config, DefaultsMatchTransformers) {
 
 }  // namespace
 }  // namespace qinfer::io
+
+namespace qinfer::io {
+namespace {
+
+// The hand-written (release-style) config.json and what transformers 5.17 writes for the same model
+// (rope_parameters, num_local_experts, dtype, explicit layer_types) must mean the same thing.
+TEST(Config, ReleaseStyleAndTransformers5ConfigsAgree) {
+  const auto golden = std::filesystem::path(QINFER_TEST_DATA) / "golden";
+  for (const char* fixture : {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"}) {
+    ModelConfig a = load_config(golden / fixture / "config.json");
+    ModelConfig b = load_config(golden / fixture / "hf_saved_config.json");
+    const TextConfig &x = a.text, &y = b.text;
+    EXPECT_EQ(x.model_type, y.model_type) << fixture;
+    EXPECT_EQ(x.hidden_size, y.hidden_size) << fixture;
+    EXPECT_EQ(x.head_dim, y.head_dim) << fixture;
+    EXPECT_EQ(x.num_key_value_heads, y.num_key_value_heads) << fixture;
+    EXPECT_EQ(x.layer_types, y.layer_types) << fixture;
+    EXPECT_EQ(x.num_experts, y.num_experts) << fixture;
+    EXPECT_EQ(x.mlp_only_layers, y.mlp_only_layers) << fixture;
+    EXPECT_EQ(x.norm_topk_prob, y.norm_topk_prob) << fixture;
+    EXPECT_DOUBLE_EQ(x.rope.theta, y.rope.theta) << fixture;
+    EXPECT_EQ(x.rotary_dim(), y.rotary_dim()) << fixture;
+    EXPECT_EQ(x.rope.mrope_section, y.rope.mrope_section) << fixture;
+    EXPECT_EQ(x.tie_word_embeddings, y.tie_word_embeddings) << fixture;
+    EXPECT_EQ(x.mtp_num_hidden_layers, y.mtp_num_hidden_layers) << fixture;
+    EXPECT_EQ(x.dtype, "bfloat16") << fixture;
+    EXPECT_EQ(y.dtype, "bfloat16") << fixture;
+    EXPECT_EQ(a.vision.has_value(), b.vision.has_value()) << fixture;
+  }
+}
+
+}  // namespace
+}  // namespace qinfer::io

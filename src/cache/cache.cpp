@@ -1,0 +1,106 @@
+#include "cache/cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+#include "core/error.h"
+
+namespace qinfer {
+
+ModelCache::ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots)
+    : shape_(shape), block_size_(block_size) {
+  QINFER_CHECK(block_size > 0 && num_blocks > 0 && num_slots > 0, "cache: blocks, block size and slots must be > 0");
+  for (int64_t i = 0; i < shape.attention_layers; ++i)
+    kv_.push_back(KvPool{ops.alloc(DType::f32, {num_blocks, block_size, shape.kv_heads, shape.head_dim}),
+                         ops.alloc(DType::f32, {num_blocks, block_size, shape.kv_heads, shape.head_dim})});
+  for (int64_t i = 0; i < shape.linear_layers; ++i) {
+    conv_.push_back(ops.alloc(DType::f32, {num_slots, shape.conv_window, shape.conv_channels}));
+    delta_.push_back(ops.alloc(DType::f32, {num_slots, shape.value_heads, shape.value_head_dim, shape.key_head_dim}));
+  }
+  refcount_.assign(num_blocks, 0);
+  // Popped from the back: hand out low block ids first.
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
+  for (int64_t s = num_slots - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
+}
+
+int32_t ModelCache::allocate_block() {
+  QINFER_CHECK(!free_blocks_.empty(), "KV cache exhausted: all {} blocks of {} tokens are in use", refcount_.size(),
+               block_size_);
+  int32_t block = free_blocks_.back();
+  free_blocks_.pop_back();
+  refcount_[block] = 1;
+  return block;
+}
+
+void ModelCache::retain_block(int32_t block) {
+  QINFER_CHECK(block >= 0 && block < static_cast<int32_t>(refcount_.size()) && refcount_[block] > 0,
+               "retain of block {} that is not allocated", block);
+  ++refcount_[block];
+}
+
+void ModelCache::release_block(int32_t block) {
+  QINFER_CHECK(block >= 0 && block < static_cast<int32_t>(refcount_.size()) && refcount_[block] > 0,
+               "release of block {} that is not allocated", block);
+  if (--refcount_[block] == 0) free_blocks_.push_back(block);
+}
+
+int32_t ModelCache::allocate_slot() {
+  QINFER_CHECK(!free_slots_.empty(), "recurrent-state slots exhausted");
+  int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  zero_slot(slot);
+  return slot;
+}
+
+void ModelCache::free_slot(int32_t slot) { free_slots_.push_back(slot); }
+
+namespace {
+// One slot's rows of a [slots, ...] state tensor.
+std::span<float> slot_span(const Tensor& t, int32_t slot) {
+  QINFER_CHECK(t.device == Device::cpu, "recurrent-state snapshots of device tensors go through their backend");
+  const int64_t per_slot = t.numel() / t.dim(0);
+  return {t.ptr<float>() + slot * per_slot, static_cast<size_t>(per_slot)};
+}
+}  // namespace
+
+void ModelCache::zero_slot(int32_t slot) {
+  for (Tensor& t : conv_) std::ranges::fill(slot_span(t, slot), 0.0f);
+  for (Tensor& t : delta_) std::ranges::fill(slot_span(t, slot), 0.0f);
+}
+
+ModelCache::StateSnapshot ModelCache::snapshot(int32_t slot) const {
+  StateSnapshot s;
+  for (const Tensor& t : conv_) {
+    auto span = slot_span(t, slot);
+    s.conv.emplace_back(span.begin(), span.end());
+  }
+  for (const Tensor& t : delta_) {
+    auto span = slot_span(t, slot);
+    s.delta.emplace_back(span.begin(), span.end());
+  }
+  return s;
+}
+
+void ModelCache::restore(int32_t slot, const StateSnapshot& snapshot) {
+  QINFER_CHECK(snapshot.conv.size() == conv_.size() && snapshot.delta.size() == delta_.size(),
+               "state snapshot does not match this cache's layers");
+  for (size_t i = 0; i < conv_.size(); ++i) std::ranges::copy(snapshot.conv[i], slot_span(conv_[i], slot).begin());
+  for (size_t i = 0; i < delta_.size(); ++i) std::ranges::copy(snapshot.delta[i], slot_span(delta_[i], slot).begin());
+}
+
+void SequenceCache::reserve(ModelCache& cache, int32_t new_tokens) {
+  if (slot < 0 && cache.shape().linear_layers > 0) slot = cache.allocate_slot();
+  const int64_t needed = (static_cast<int64_t>(cached) + new_tokens + cache.block_size() - 1) / cache.block_size();
+  while (static_cast<int64_t>(blocks.size()) < needed) blocks.push_back(cache.allocate_block());
+}
+
+void SequenceCache::release(ModelCache& cache) {
+  for (int32_t b : blocks) cache.release_block(b);
+  blocks.clear();
+  if (slot >= 0) cache.free_slot(slot);
+  slot = -1;
+  cached = 0;
+}
+
+}  // namespace qinfer

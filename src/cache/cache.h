@@ -1,0 +1,67 @@
+#pragma once
+// The model's caches: paged KV blocks for full-attention layers (one pool per layer, shared block
+// ids across layers, reference-counted so sequences can share prefix blocks) and recurrent-state slots
+// for Gated DeltaNet layers (conv window + fp32 delta state) that can be snapshotted and restored.
+#include <cstdint>
+#include <vector>
+
+#include "backend/ops.h"
+
+namespace qinfer {
+
+struct CacheShape {
+  int64_t attention_layers = 0, kv_heads = 0, head_dim = 0;
+  int64_t linear_layers = 0, conv_channels = 0, conv_window = 0;  // conv_window = kernel - 1
+  int64_t value_heads = 0, value_head_dim = 0, key_head_dim = 0;
+};
+
+class ModelCache {
+ public:
+  ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots);
+
+  const CacheShape& shape() const { return shape_; }
+  int32_t block_size() const { return block_size_; }
+  KvPool& kv(int64_t attention_layer) { return kv_.at(attention_layer); }
+  Tensor& conv_state(int64_t linear_layer) { return conv_.at(linear_layer); }
+  Tensor& delta_state(int64_t linear_layer) { return delta_.at(linear_layer); }
+
+  // KV blocks: allocation with reference counts. Error when the pool is exhausted.
+  int32_t allocate_block();
+  void retain_block(int32_t block);
+  void release_block(int32_t block);
+  int64_t free_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
+
+  // Recurrent-state slots; a new slot starts from zero state.
+  int32_t allocate_slot();
+  void free_slot(int32_t slot);
+
+  // A copy of one slot's recurrent state in every linear-attention layer.
+  struct StateSnapshot {
+    std::vector<std::vector<float>> conv, delta;
+  };
+  StateSnapshot snapshot(int32_t slot) const;
+  void restore(int32_t slot, const StateSnapshot& snapshot);
+
+ private:
+  void zero_slot(int32_t slot);
+
+  CacheShape shape_;
+  int32_t block_size_;
+  std::vector<KvPool> kv_;
+  std::vector<Tensor> conv_, delta_;
+  std::vector<int32_t> refcount_, free_blocks_, free_slots_;
+};
+
+// One sequence's view of the cache: its blocks, how many tokens are cached, its state slot.
+struct SequenceCache {
+  std::vector<int32_t> blocks;
+  int32_t cached = 0;
+  int32_t slot = -1;
+
+  // Makes room for `new_tokens` more tokens (allocating blocks and, once, a state slot).
+  void reserve(ModelCache& cache, int32_t new_tokens);
+  // Returns blocks and slot to the cache.
+  void release(ModelCache& cache);
+};
+
+}  // namespace qinfer

@@ -1,0 +1,75 @@
+#include "layers/attention.h"
+
+#include <cmath>
+
+namespace qinfer::layers {
+
+RopeParams rope_params(const io::TextConfig& c) {
+  RopeParams p;
+  p.rotary_dim = c.rotary_dim();
+  p.theta = c.rope.theta;
+  if (c.rope.mrope_interleaved) p.mrope_section = c.rope.mrope_section;
+  return p;
+}
+
+Attention Attention::load(const WeightLoader& w, const std::string& prefix, const io::TextConfig& c, bool output_gate,
+                          int64_t kv_index) {
+  const std::string p = prefix + ".self_attn.";
+  Attention a;
+  a.q_proj = w.matrix(p + "q_proj.weight");
+  a.k_proj = w.matrix(p + "k_proj.weight");
+  a.v_proj = w.matrix(p + "v_proj.weight");
+  a.o_proj = w.matrix(p + "o_proj.weight");
+  a.q_norm = w.vector(p + "q_norm.weight");
+  a.k_norm = w.vector(p + "k_norm.weight");
+  a.output_gate = output_gate;
+  a.heads = c.num_attention_heads;
+  a.kv_heads = c.num_key_value_heads;
+  a.head_dim = c.head_dim;
+  a.eps = static_cast<float>(c.rms_norm_eps);
+  a.rope = rope_params(c);
+  a.kv_index = kv_index;
+  return a;
+}
+
+void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const {
+  Ops& ops = ctx.ops;
+  const int64_t T = ctx.tokens(), hd = head_dim;
+  Tensor q = ctx.alloc({T, heads, hd});
+  Tensor gate;
+  if (output_gate) {
+    // q_proj rows interleave per head: [query(hd) | gate(hd)] for head 0, then head 1, ...
+    Tensor q_and_gate = ctx.alloc({T, heads * 2 * hd});
+    ops.linear(x, q_proj, q_and_gate);
+    Tensor per_head = q_and_gate.reshape({T * heads, 2 * hd});
+    Tensor q_rows = q.reshape({T * heads, hd});
+    gate = ctx.alloc({T * heads, hd});
+    copy_columns(per_head, 0, q_rows, 0, hd);
+    copy_columns(per_head, hd, gate, 0, hd);
+    gate = gate.reshape({T, heads * hd});
+  } else {
+    Tensor q_flat = q.reshape({T, heads * hd});
+    ops.linear(x, q_proj, q_flat);
+  }
+  Tensor k = ctx.alloc({T, kv_heads, hd});
+  Tensor v = ctx.alloc({T, kv_heads, hd});
+  Tensor k_flat = k.reshape({T, kv_heads * hd}), v_flat = v.reshape({T, kv_heads * hd});
+  ops.linear(x, k_proj, k_flat);
+  ops.linear(x, v_proj, v_flat);
+
+  Tensor q_rows = q.reshape({T * heads, hd}), k_rows = k.reshape({T * kv_heads, hd});
+  ops.rms_norm(q_rows, q_norm, eps, q_rows);
+  ops.rms_norm(k_rows, k_norm, eps, k_rows);
+  ops.rope(q, ctx.positions, rope);
+  ops.rope(k, ctx.positions, rope);
+
+  KvPool& pool = ctx.cache.kv(kv_index);
+  ops.kv_store(k, v, ctx.attention, pool);
+  Tensor attn = ctx.alloc({T, heads, hd});
+  ops.attention(q, pool, ctx.attention, 1.0f / std::sqrt(static_cast<float>(hd)), attn);
+  Tensor attn_flat = attn.reshape({T, heads * hd});
+  if (output_gate) ops.sigmoid_mul(attn_flat, gate);
+  ops.linear(attn_flat, o_proj, out);
+}
+
+}  // namespace qinfer::layers

@@ -1,0 +1,18 @@
+#pragma once
+// What a layer's forward needs besides its weights: the ops, the batch's sequence layout and
+// positions, and the caches. Built once per forward by the model; layers never see the Batch itself.
+#include "backend/ops.h"
+#include "cache/cache.h"
+
+namespace qinfer::layers {
+
+struct ForwardContext {
+  Ops& ops;
+  ModelCache& cache;
+  AttentionLayout attention;  // also carries the plain sequence layout (attention.seqs)
+  Tensor positions;           // i32 [3, T]
+  int64_t tokens() const { return attention.seqs.num_tokens(); }
+  Tensor alloc(std::vector<int64_t> shape) { return ops.alloc(DType::f32, std::move(shape)); }
+};
+
+}  // namespace qinfer::layers

@@ -1,0 +1,24 @@
+#pragma once
+// Moves canonical checkpoint tensors onto a backend: matrices keep their stored dtype (bf16 stays
+// bf16: decode streams it), vectors (norm gains, conv kernels, gates' parameters) become f32 with
+// any due +1 applied.
+#include <string>
+
+#include "backend/ops.h"
+#include "io/checkpoint.h"
+
+namespace qinfer::layers {
+
+class WeightLoader {
+ public:
+  WeightLoader(const io::NormalizationPlan& plan, Ops& ops) : plan_(plan), ops_(ops) {}
+  Tensor matrix(const std::string& name) const;
+  Tensor vector(const std::string& name) const;  // any shape, as f32
+  bool has(const std::string& name) const { return plan_.find(name) != nullptr; }
+
+ private:
+  const io::NormalizationPlan& plan_;
+  Ops& ops_;
+};
+
+}  // namespace qinfer::layers

@@ -1,0 +1,63 @@
+#include "models/eval.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace qinfer::models {
+
+EvalMode parse_eval_mode(const std::string& text) {
+  if (text == "prefill") return {EvalMode::prefill, 0};
+  if (text == "decode") return {EvalMode::decode, 1};
+  if (text.starts_with("chunked:")) {
+    const std::string n = text.substr(8);
+    QINFER_CHECK(!n.empty() && n.size() < 9 && std::all_of(n.begin(), n.end(), ::isdigit) && std::stoi(n) > 0,
+                 "--mode {}: the chunk size must be a positive integer", text);
+    return {EvalMode::chunked, std::stoi(n)};
+  }
+  fail("--mode {}: expected prefill, decode or chunked:N", text);
+}
+
+ModelCache make_cache(const Model& model, int64_t tokens, int64_t sequences) {
+  constexpr int32_t kBlock = 16;
+  const int64_t blocks = sequences * ((tokens + kBlock - 1) / kBlock + 1);
+  return ModelCache(model.ops(), model.cache_shape(), blocks, kBlock, sequences);
+}
+
+Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode mode) {
+  QINFER_CHECK(!prompt.empty(), "the prompt is empty");
+  const int64_t L = static_cast<int64_t>(prompt.size()), V = model.config().vocab_size;
+  ModelCache cache = make_cache(model, L);
+  SequenceCache seq;
+  const int64_t step = mode.kind == EvalMode::prefill ? L : mode.chunk;
+  Tensor out = host_tensor(DType::f32, {L, V});
+  for (int64_t begin = 0; begin < L; begin += step) {
+    const int64_t end = std::min(L, begin + step);
+    Batch batch;
+    batch.sequences.push_back({std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end), &seq, true});
+    Tensor logits = model.forward(batch, cache);
+    std::memcpy(out.ptr<float>() + begin * V, logits.data, static_cast<size_t>((end - begin) * V) * sizeof(float));
+  }
+  return out;
+}
+
+std::vector<int32_t> greedy_continuation(Model& model, const std::vector<int32_t>& prompt, int32_t count) {
+  QINFER_CHECK(!prompt.empty(), "the prompt is empty");
+  const int64_t V = model.config().vocab_size;
+  ModelCache cache = make_cache(model, static_cast<int64_t>(prompt.size()) + count);
+  SequenceCache seq;
+  std::vector<int32_t> generated, next = prompt;
+  for (int32_t i = 0; i < count; ++i) {
+    Batch batch;
+    batch.sequences.push_back({next, &seq, false});
+    Tensor logits = model.forward(batch, cache);
+    const float* row = logits.ptr<float>();
+    const int32_t token = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    generated.push_back(token);
+    next = {token};
+  }
+  return generated;
+}
+
+}  // namespace qinfer::models

@@ -1,0 +1,117 @@
+#include "models/model.h"
+
+#include "core/error.h"
+
+namespace qinfer::models {
+
+Model::Model(const Checkpoint& checkpoint, Ops& ops) : config_(checkpoint.config.text), ops_(ops) {
+  const io::TextConfig& c = config_;
+  layers::WeightLoader w(checkpoint.plan, ops);
+  embed_tokens = w.matrix("model.embed_tokens.weight");
+  final_norm = w.vector("model.norm.weight");
+  lm_head = c.tie_word_embeddings ? embed_tokens : w.matrix("lm_head.weight");
+  // Qwen3-Next stores grouped linear-attention projections; Qwen3.5 split ones. Gated attention
+  // comes with the hybrids.
+  const bool hybrid = checkpoint.family->rules.zero_centred_norms;
+  const bool grouped = checkpoint.family->name == "qwen3_next";
+  int64_t attention_index = 0, linear_index = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string prefix = fmt::format("model.layers.{}", i);
+    DecoderLayer layer{w.vector(prefix + ".input_layernorm.weight"), w.vector(prefix + ".post_attention_layernorm.weight"),
+                       layers::Attention{}, layers::Mlp{}};
+    if (c.layer_types[i] == io::LayerKind::linear_attention)
+      layer.mixer = layers::GatedDeltaNet::load(w, prefix, c, grouped, linear_index++);
+    else
+      layer.mixer = layers::Attention::load(w, prefix, c, hybrid && c.attn_output_gate, attention_index++);
+    if (c.is_moe_layer(i)) layer.ffn = layers::Moe::load(w, prefix + ".mlp", c);
+    else layer.ffn = layers::Mlp::load(w, prefix + ".mlp");
+    layers_.push_back(std::move(layer));
+  }
+}
+
+CacheShape Model::cache_shape() const {
+  const io::TextConfig& c = config_;
+  CacheShape s;
+  for (const io::LayerKind kind : c.layer_types) {
+    if (kind == io::LayerKind::full_attention) ++s.attention_layers;
+    else ++s.linear_layers;
+  }
+  s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.conv_channels = c.linear_conv_dim();
+  s.conv_window = c.linear_conv_kernel_dim > 0 ? c.linear_conv_kernel_dim - 1 : 0;
+  s.value_heads = c.linear_num_value_heads;
+  s.value_head_dim = c.linear_value_head_dim;
+  s.key_head_dim = c.linear_key_head_dim;
+  return s;
+}
+
+Tensor Model::forward(const Batch& batch, ModelCache& cache) {
+  const io::TextConfig& c = config_;
+  // Batch bookkeeping: the flat token list, positions, and each sequence's cache layout.
+  layers::ForwardContext ctx{ops_, cache, {}, {}};
+  AttentionLayout& layout = ctx.attention;
+  layout.block_size = cache.block_size();
+  layout.seqs.cu_seqlens.push_back(0);
+  std::vector<int32_t> tokens;
+  for (const Batch::Sequence& s : batch.sequences) {
+    QINFER_CHECK(!s.tokens.empty() && s.cache != nullptr, "forward: every sequence needs tokens and a cache");
+    for (int32_t t : s.tokens)
+      QINFER_CHECK(t >= 0 && t < c.vocab_size, "token id {} is outside the vocabulary (0..{})", t, c.vocab_size - 1);
+    s.cache->reserve(cache, static_cast<int32_t>(s.tokens.size()));
+    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+    layout.seqs.cu_seqlens.push_back(static_cast<int32_t>(tokens.size()));
+    layout.seqs.state_slot.push_back(s.cache->slot);
+    layout.cached.push_back(s.cache->cached);
+    layout.max_blocks = std::max<int32_t>(layout.max_blocks, static_cast<int32_t>(s.cache->blocks.size()));
+  }
+  for (const Batch::Sequence& s : batch.sequences) {
+    std::vector<int32_t> row = s.cache->blocks;
+    row.resize(layout.max_blocks, -1);
+    layout.block_table.insert(layout.block_table.end(), row.begin(), row.end());
+  }
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  // Text positions: all three MRoPE rows equal to the token's index in its sequence.
+  Tensor positions = host_tensor(DType::i32, {3, T});
+  Tensor ids = host_tensor(DType::i32, {T});
+  for (size_t s = 0; s < batch.sequences.size(); ++s)
+    for (int32_t i = layout.seqs.cu_seqlens[s]; i < layout.seqs.cu_seqlens[s + 1]; ++i)
+      for (int axis = 0; axis < 3; ++axis)
+        positions.ptr<int32_t>()[axis * T + i] = layout.cached[s] + (i - layout.seqs.cu_seqlens[s]);
+  std::copy(tokens.begin(), tokens.end(), ids.ptr<int32_t>());
+  ctx.positions = positions;
+
+  // The decoder, as in the HF modeling files.
+  Tensor h = ctx.alloc({T, c.hidden_size});
+  ops_.embedding(ids, embed_tokens, h);
+  Tensor normed = ctx.alloc({T, c.hidden_size}), delta = ctx.alloc({T, c.hidden_size});
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (const DecoderLayer& layer : layers_) {
+    ops_.rms_norm(h, layer.input_norm, eps, normed);
+    std::visit([&](const auto& mixer) { mixer.forward(ctx, normed, delta); }, layer.mixer);
+    ops_.add(h, delta);
+    ops_.rms_norm(h, layer.post_attention_norm, eps, normed);
+    std::visit([&](const auto& ffn) { ffn.forward(ctx, normed, delta); }, layer.ffn);
+    ops_.add(h, delta);
+  }
+
+  // Logits only for the rows asked for.
+  std::vector<int64_t> rows;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const int32_t begin = layout.seqs.cu_seqlens[s], end = layout.seqs.cu_seqlens[s + 1];
+    for (int32_t i = batch.sequences[s].all_logits ? begin : end - 1; i < end; ++i) rows.push_back(i);
+  }
+  Tensor selected = ctx.alloc({static_cast<int64_t>(rows.size()), c.hidden_size});
+  for (size_t r = 0; r < rows.size(); ++r) {
+    Tensor dst = selected.rows(static_cast<int64_t>(r), static_cast<int64_t>(r) + 1);
+    copy_columns(h.rows(rows[r], rows[r] + 1), 0, dst, 0, c.hidden_size);
+  }
+  ops_.rms_norm(selected, final_norm, eps, selected);
+  Tensor logits = ctx.alloc({static_cast<int64_t>(rows.size()), c.vocab_size});
+  ops_.linear(selected, lm_head, logits);
+
+  for (const Batch::Sequence& s : batch.sequences) s.cache->cached += static_cast<int32_t>(s.tokens.size());
+  return logits;
+}
+
+}  // namespace qinfer::models
