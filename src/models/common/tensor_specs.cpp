@@ -80,6 +80,16 @@ void add_mtp(Expected& out, const io::TextConfig& c) {
   }
 }
 
+void add_attention_layers(Expected& out, const io::TextConfig& c) {
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string layer = fmt::format("model.layers.{}", i);
+    add_layer_norms(out, layer, c.hidden_size);
+    add_attention(out, layer, c, /*gated=*/false);
+    if (c.is_moe_layer(i)) add_moe(out, layer + ".mlp", c);
+    else add_dense_mlp(out, layer + ".mlp", c.hidden_size, c.intermediate_size);
+  }
+}
+
 void add_hybrid_layers(Expected& out, const io::TextConfig& c, bool grouped_deltanet) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string layer = fmt::format("model.layers.{}", i);

@@ -21,6 +21,8 @@ void add_layer_norms(Expected& out, const std::string& prefix, int64_t hidden);
 void add_gated_deltanet(Expected& out, const std::string& prefix, const io::TextConfig& c, bool grouped);
 // The MTP head of Next / 3.5: fc over [embedding; hidden], full-attention layers, final norm.
 void add_mtp(Expected& out, const io::TextConfig& c);
+// The decoder layer stack of Qwen3 / Qwen3-MoE: plain attention, dense or MoE feed-forward per layer.
+void add_attention_layers(Expected& out, const io::TextConfig& c);
 // The decoder layer stack of a hybrid (Next / 3.5) model.
 void add_hybrid_layers(Expected& out, const io::TextConfig& c, bool grouped_deltanet);
 

@@ -1,7 +1,5 @@
 // Qwen3 dense (Qwen3ForCausalLM): GQA with per-head q/k RMSNorm, full RoPE, plain (w) norms.
 // Also the backbone of Qwen3-Embedding, whose checkpoints may omit the `model.` prefix.
-#include <fmt/format.h>
-
 #include "models/common/tensor_specs.h"
 #include "models/families.h"
 
@@ -11,12 +9,7 @@ namespace {
 Expected expected(const io::TextConfig& c, bool /*with_mtp*/) {
   Expected out;
   add_embedding_and_head(out, c);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string layer = fmt::format("model.layers.{}", i);
-    add_layer_norms(out, layer, c.hidden_size);
-    add_attention(out, layer, c, /*gated=*/false);
-    add_dense_mlp(out, layer + ".mlp", c.hidden_size, c.intermediate_size);
-  }
+  add_attention_layers(out, c);
   return out;
 }
 

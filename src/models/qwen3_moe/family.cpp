@@ -1,7 +1,5 @@
 // Qwen3-MoE: Qwen3 attention with a softmax top-k router over SwiGLU experts; layers listed in
 // mlp_only_layers (or off the decoder_sparse_step grid) keep a dense MLP.
-#include <fmt/format.h>
-
 #include "models/common/tensor_specs.h"
 #include "models/families.h"
 
@@ -11,13 +9,7 @@ namespace {
 Expected expected(const io::TextConfig& c, bool /*with_mtp*/) {
   Expected out;
   add_embedding_and_head(out, c);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string layer = fmt::format("model.layers.{}", i);
-    add_layer_norms(out, layer, c.hidden_size);
-    add_attention(out, layer, c, /*gated=*/false);
-    if (c.is_moe_layer(i)) add_moe(out, layer + ".mlp", c);
-    else add_dense_mlp(out, layer + ".mlp", c.hidden_size, c.intermediate_size);
-  }
+  add_attention_layers(out, c);
   return out;
 }
 
