@@ -17,4 +17,25 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+struct Tensor;
+
+// Picks one token per row of host logits f32 [S,V] into out[S]. For each row, in this order:
+//  1. penalties over history[s] (ids outside [0,V) are ignored): repetition_penalty once per distinct
+//     id (logit > 0 ? logit / p : logit · p), then −presence_penalty once and −frequency_penalty per
+//     occurrence of each id;
+//  2. temperature == 0: argmax, the lowest id on ties (NaN logits never win);
+//  3. else softmax(logits / temperature) in double; candidates ordered by probability, descending,
+//     lower id first on ties; top_k keeps the first k; top_p keeps the shortest prefix whose mass
+//     (renormalised over what top_k kept) reaches top_p, at least one token; min_p drops tokens whose
+//     probability is below min_p · the largest;
+//  4. draws from the kept candidates, renormalised, with u = uniform [0,1) from
+//     splitmix64(splitmix64(seed) + step[s]): the pick depends only on (logits, params, history,
+//     seed, step), never on the batch around it or the backend.
+void sample_rows(const Tensor& logits, const std::vector<SamplingParams>& params,
+                 const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
+                 std::vector<int32_t>& out);
+
+// The uniform [0,1) draw of step 3 (53 random bits), exposed for tests and for device backends.
+double sampling_uniform(uint64_t seed, uint64_t step);
+
 }  // namespace qinfer

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
     if (!level.empty()) qinfer::set_log_level(qinfer::parse_log_level(level));
   });
   qinfer::cli::add_inspect_command(app);
+  qinfer::cli::add_eval_command(app);
+  qinfer::cli::add_bench_command(app);
 #ifdef QINFER_HAVE_CUDA
   add_devices_command(app);
 #endif

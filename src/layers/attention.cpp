@@ -16,6 +16,7 @@ Attention Attention::load(const WeightLoader& w, const std::string& prefix, cons
                           int64_t kv_index) {
   const std::string p = prefix + ".self_attn.";
   Attention a;
+  a.name = prefix + ".self_attn";
   a.q_proj = w.matrix(p + "q_proj.weight");
   a.k_proj = w.matrix(p + "k_proj.weight");
   a.v_proj = w.matrix(p + "v_proj.weight");
@@ -62,12 +63,16 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
   ops.rms_norm(k_rows, k_norm, eps, k_rows);
   ops.rope(q, ctx.positions, rope);
   ops.rope(k, ctx.positions, rope);
+  ctx.named(name + ".q", q);
+  ctx.named(name + ".k", k);
+  ctx.named(name + ".v", v);
 
   KvPool& pool = ctx.cache.kv(kv_index);
   ops.kv_store(k, v, ctx.attention, pool);
   Tensor attn = ctx.alloc({T, heads, hd});
   ops.attention(q, pool, ctx.attention, 1.0f / std::sqrt(static_cast<float>(hd)), attn);
   Tensor attn_flat = attn.reshape({T, heads * hd});
+  ctx.named(name + ".attention", attn_flat);
   if (output_gate) ops.sigmoid_mul(attn_flat, gate);
   ops.linear(attn_flat, o_proj, out);
 }

@@ -11,6 +11,7 @@
 namespace qinfer::layers {
 
 struct Attention {
+  std::string name;  // canonical prefix, e.g. model.layers.3.self_attn
   Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
   bool output_gate = false;
   int64_t heads = 0, kv_heads = 0, head_dim = 0;

@@ -1,6 +1,9 @@
 #pragma once
 // What a layer's forward needs besides its weights: the ops, the batch's sequence layout and
 // positions, and the caches. Built once per forward by the model; layers never see the Batch itself.
+#include <functional>
+#include <string>
+
 #include "backend/ops.h"
 #include "cache/cache.h"
 
@@ -12,7 +15,13 @@ struct ForwardContext {
   AttentionLayout attention;  // also carries the plain sequence layout (attention.seqs)
   Tensor positions;           // i32 [3, T]
   int64_t tokens() const { return attention.seqs.num_tokens(); }
+  // Called with every named intermediate when set (`qinfer eval --dump`), to diff against HF layer by layer.
+  std::function<void(const std::string& name, const Tensor& value)> dump;
+
   Tensor alloc(std::vector<int64_t> shape) { return ops.alloc(DType::f32, std::move(shape)); }
+  void named(const std::string& name, const Tensor& value) const {
+    if (dump) dump(name, value);
+  }
 };
 
 }  // namespace qinfer::layers

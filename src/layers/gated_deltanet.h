@@ -12,6 +12,7 @@
 namespace qinfer::layers {
 
 struct GatedDeltaNet {
+  std::string name;  // canonical prefix, e.g. model.layers.0.linear_attn
   bool grouped = false;
   Tensor in_proj_qkvz, in_proj_ba;                      // grouped (Qwen3-Next)
   Tensor in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // split (Qwen3.5)

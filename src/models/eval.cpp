@@ -25,7 +25,8 @@ ModelCache make_cache(const Model& model, int64_t tokens, int64_t sequences) {
   return ModelCache(model.ops(), model.cache_shape(), blocks, kBlock, sequences);
 }
 
-Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode mode) {
+Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode mode,
+                     const std::function<void(const std::string&, const Tensor&)>& dump) {
   QINFER_CHECK(!prompt.empty(), "the prompt is empty");
   const int64_t L = static_cast<int64_t>(prompt.size()), V = model.config().vocab_size;
   ModelCache cache = make_cache(model, L);
@@ -36,7 +37,7 @@ Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode 
     const int64_t end = std::min(L, begin + step);
     Batch batch;
     batch.sequences.push_back({std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end), &seq, true});
-    Tensor logits = model.forward(batch, cache);
+    Tensor logits = model.forward(batch, cache, dump);
     std::memcpy(out.ptr<float>() + begin * V, logits.data, static_cast<size_t>((end - begin) * V) * sizeof(float));
   }
   return out;

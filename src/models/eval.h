@@ -19,8 +19,9 @@ EvalMode parse_eval_mode(const std::string& text);  // "prefill" | "decode" | "c
 // A cache big enough for `tokens` tokens in each of `sequences` sequences.
 ModelCache make_cache(const Model& model, int64_t tokens, int64_t sequences = 1);
 
-// Logits f32 [L, V] for every prompt position, from a fresh cache.
-Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode mode);
+// Logits f32 [L, V] for every prompt position, from a fresh cache. `dump` as in Model::forward.
+Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode mode,
+                     const std::function<void(const std::string&, const Tensor&)>& dump = {});
 // `count` greedily generated tokens after the prompt (argmax, lowest id on ties).
 std::vector<int32_t> greedy_continuation(Model& model, const std::vector<int32_t>& prompt, int32_t count);
 

@@ -46,7 +46,8 @@ CacheShape Model::cache_shape() const {
   return s;
 }
 
-Tensor Model::forward(const Batch& batch, ModelCache& cache) {
+Tensor Model::forward(const Batch& batch, ModelCache& cache,
+                      const std::function<void(const std::string&, const Tensor&)>& dump) {
   const io::TextConfig& c = config_;
   // Batch bookkeeping: the flat token list, positions, and each sequence's cache layout.
   layers::ForwardContext ctx{ops_, cache, {}, {}};
@@ -80,19 +81,26 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache) {
         positions.ptr<int32_t>()[axis * T + i] = layout.cached[s] + (i - layout.seqs.cu_seqlens[s]);
   std::copy(tokens.begin(), tokens.end(), ids.ptr<int32_t>());
   ctx.positions = positions;
+  ctx.dump = dump;
 
   // The decoder, as in the HF modeling files.
   Tensor h = ctx.alloc({T, c.hidden_size});
   ops_.embedding(ids, embed_tokens, h);
   Tensor normed = ctx.alloc({T, c.hidden_size}), delta = ctx.alloc({T, c.hidden_size});
   const float eps = static_cast<float>(c.rms_norm_eps);
-  for (const DecoderLayer& layer : layers_) {
+  ctx.named("model.embed_tokens", h);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const DecoderLayer& layer = layers_[i];
+    const std::string name = fmt::format("model.layers.{}", i);
     ops_.rms_norm(h, layer.input_norm, eps, normed);
     std::visit([&](const auto& mixer) { mixer.forward(ctx, normed, delta); }, layer.mixer);
+    ctx.named(name + ".mixer", delta);
     ops_.add(h, delta);
     ops_.rms_norm(h, layer.post_attention_norm, eps, normed);
     std::visit([&](const auto& ffn) { ffn.forward(ctx, normed, delta); }, layer.ffn);
+    ctx.named(name + ".mlp", delta);
     ops_.add(h, delta);
+    ctx.named(name, h);
   }
 
   // Logits only for the rows asked for.
@@ -107,8 +115,10 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache) {
     copy_columns(h.rows(rows[r], rows[r] + 1), 0, dst, 0, c.hidden_size);
   }
   ops_.rms_norm(selected, final_norm, eps, selected);
+  ctx.named("model.norm", selected);
   Tensor logits = ctx.alloc({static_cast<int64_t>(rows.size()), c.vocab_size});
   ops_.linear(selected, lm_head, logits);
+  ctx.named("logits", logits);
 
   for (const Batch::Sequence& s : batch.sequences) s.cache->cached += static_cast<int32_t>(s.tokens.size());
   return logits;

@@ -38,7 +38,9 @@ class Model {
 
   // Runs the batch and advances each sequence's cache. Returns logits f32 [rows, vocab]: every
   // position of sequences with all_logits, else their last position, in sequence order.
-  Tensor forward(const Batch& batch, ModelCache& cache);
+  // `dump`, when set, receives every named intermediate (layers.{i}.*, norm, logits).
+  Tensor forward(const Batch& batch, ModelCache& cache,
+                 const std::function<void(const std::string&, const Tensor&)>& dump = {});
 
  private:
   io::TextConfig config_;

@@ -1,0 +1,193 @@
+// Paged causal GQA attention with an online softmax. One work item is (sequence, kv head, block of
+// query tokens, range of keys): its rows are every query head of the group for every token of the
+// block, so each key / value row is read from memory once per item and reused from cache by all of
+// them. Long contexts with few items (decode) are split along the keys and merged afterwards.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+
+namespace qinfer::cpu {
+namespace {
+
+constexpr int64_t kQueryBlock = 16;    // query tokens per item
+constexpr int64_t kKeyTile = 64;       // keys per softmax update
+constexpr int64_t kMinSplitKeys = 512;  // keys below which splitting a row's range does not pay
+
+struct Item {
+  int64_t seq, kv_head, t0, t1;  // tokens [t0, t1) of the sequence (indices within it)
+  int64_t k0, k1;                // key positions [k0, k1)
+  int64_t partial;               // first row of this item's partial results
+};
+
+struct Geometry {
+  int64_t heads, group, head_dim, kv_heads, block_size, max_blocks;
+  const float* q;
+  const float* k;
+  const float* v;
+  const int32_t* block_table;
+};
+
+// Runs one item: for each row, m (running max), l (running sum) and acc[head_dim] (unnormalised
+// output) over the item's keys, written to partial rows [m, l, acc...].
+void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq_start, int64_t cached, float scale,
+              float* partial) {
+  const int64_t hd = g.head_dim, G = g.group, rows = (it.t1 - it.t0) * G, width = hd + 2;
+  const int64_t row_stride = g.kv_heads * hd;
+  thread_local std::vector<float> qs, scores;
+  qs.resize(rows * hd), scores.resize(kKeyTile);
+  for (int64_t ti = it.t0; ti < it.t1; ++ti)
+    for (int64_t h = 0; h < G; ++h)
+      ctx.k.scale_mul(g.q + ((seq_start + ti) * g.heads + it.kv_head * G + h) * hd, scale, nullptr,
+                      qs.data() + ((ti - it.t0) * G + h) * hd, hd);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = partial + r * width;
+    p[0] = -std::numeric_limits<float>::infinity(), p[1] = 0.0f;
+    std::fill_n(p + 2, hd, 0.0f);
+  }
+  const int32_t* table = g.block_table + it.seq * g.max_blocks;
+  const int64_t key_end = std::min(it.k1, cached + it.t1);  // the last token of the block sees the most keys
+  const int64_t kv_offset = it.kv_head * hd;
+  // Calls fn(row pointer, count, offset within the range) for each run of keys [from, to) inside one page.
+  auto for_pages = [&](const float* pool, int64_t from, int64_t to, auto&& fn) {
+    for (int64_t p = from; p < to;) {
+      const int64_t off = p % g.block_size, n = std::min(g.block_size - off, to - p);
+      fn(pool + (table[p / g.block_size] * g.block_size + off) * row_stride + kv_offset, n, p - from);
+      p += n;
+    }
+  };
+  for (int64_t kt = it.k0; kt < key_end; kt += kKeyTile) {
+    const int64_t tile_end = std::min(kt + kKeyTile, key_end);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n_ctx = cached + it.t0 + r / G + 1;  // keys [0, n_ctx) are visible to this row
+      const int64_t end = std::min(n_ctx, tile_end);
+      if (end <= kt) continue;
+      const float* qr = qs.data() + r * hd;
+      float* s = scores.data();
+      for_pages(g.k, kt, end, [&](const float* k, int64_t n, int64_t at) {
+        ctx.k.dots_strided(qr, k, n, row_stride, hd, s + at);
+      });
+      float* p = partial + r * width;
+      const float tile_max = ctx.k.max(s, end - kt);
+      if (tile_max > p[0]) {
+        const float correction = std::exp(p[0] - tile_max);  // 0 on the first tile (m = −inf)
+        p[1] *= correction;
+        ctx.k.scale(correction, p + 2, hd);
+        p[0] = tile_max;
+      }
+      p[1] += ctx.k.exp_sub_sum(s, p[0], end - kt);
+      for_pages(g.v, kt, end, [&](const float* v, int64_t n, int64_t at) {
+        ctx.k.axpys_strided(s + at, v, n, row_stride, hd, p + 2);
+      });
+    }
+  }
+}
+
+}  // namespace
+
+void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const AttentionLayout& layout, float scale,
+               Tensor& out) {
+  check_f32("attention", "q", q, 3);
+  const int64_t T = q.dim(0), heads = q.dim(1), hd = q.dim(2);
+  check_f32("attention", "out", out, 3);
+  check_shape("attention", "out", out, q.shape);
+  QINFER_CHECK(out.data != q.data || out.numel() == 0, "cpu attention: out must not alias q");
+  check_f32("attention", "pool.k", pool.k, 4);
+  check_f32("attention", "pool.v", pool.v, 4);
+  const int64_t num_blocks = pool.k.dim(0), kv_heads = pool.k.dim(2);
+  check_shape("attention", "pool.k", pool.k, {num_blocks, layout.block_size, kv_heads, hd});
+  check_shape("attention", "pool.v", pool.v, pool.k.shape);
+  QINFER_CHECK(kv_heads > 0 && heads % kv_heads == 0, "cpu attention: {} query heads are not a multiple of {} kv heads",
+               heads, kv_heads);
+  check_layout("attention", layout.seqs, T, -1);
+  const int64_t S = layout.seqs.num_seqs();
+  QINFER_CHECK(layout.block_size > 0 && layout.max_blocks >= 0, "cpu attention: block_size {} / max_blocks {} are invalid",
+               layout.block_size, layout.max_blocks);
+  QINFER_CHECK(static_cast<int64_t>(layout.block_table.size()) == S * layout.max_blocks &&
+                   static_cast<int64_t>(layout.cached.size()) == S,
+               "cpu attention: block_table has {} entries and cached {} for {} sequences of {} blocks",
+               layout.block_table.size(), layout.cached.size(), S, layout.max_blocks);
+  const auto& cu = layout.seqs.cu_seqlens;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t len = cu[s + 1] - cu[s], n_keys = layout.cached[s] + len;
+    QINFER_CHECK(layout.cached[s] >= 0, "cpu attention: cached[{}] = {} is negative", s, layout.cached[s]);
+    if (len == 0) continue;
+    const int64_t blocks = (n_keys + layout.block_size - 1) / layout.block_size;
+    QINFER_CHECK(blocks <= layout.max_blocks,
+                 "cpu attention: sequence {} reaches position {}, beyond its block table of {} blocks of {}", s,
+                 n_keys - 1, layout.max_blocks, layout.block_size);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int32_t block = layout.block_table[s * layout.max_blocks + b];
+      QINFER_CHECK(block >= 0 && block < num_blocks, "cpu attention: block_table[{}, {}] = {} is outside the {} blocks",
+                   s, b, block, num_blocks);
+    }
+  }
+  if (T == 0) return;
+
+  const int64_t group = heads / kv_heads;
+  int64_t base_items = 0;
+  for (int64_t s = 0; s < S; ++s) base_items += kv_heads * ((cu[s + 1] - cu[s] + kQueryBlock - 1) / kQueryBlock);
+  // Split keys only while there are fewer items than threads to keep busy.
+  const int64_t want_splits = std::max<int64_t>(1, (2 * static_cast<int64_t>(ctx.pool.size()) + base_items - 1) / base_items);
+
+  std::vector<Item> items;
+  std::vector<std::pair<int64_t, int64_t>> groups;  // items [first, last) that share (seq, kv head, block)
+  int64_t partial_rows = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t len = cu[s + 1] - cu[s], cached = layout.cached[s];
+    for (int64_t t0 = 0; t0 < len; t0 += kQueryBlock) {
+      const int64_t t1 = std::min(len, t0 + kQueryBlock), n_keys = cached + t1;
+      const int64_t tiles = (n_keys + kKeyTile - 1) / kKeyTile;
+      const int64_t splits = std::clamp<int64_t>(n_keys / kMinSplitKeys, 1, want_splits);
+      for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+        const int64_t first = static_cast<int64_t>(items.size());
+        for (int64_t p = 0; p < splits; ++p) {
+          const int64_t k0 = tiles * p / splits * kKeyTile, k1 = std::min(n_keys, tiles * (p + 1) / splits * kKeyTile);
+          items.push_back({s, kvh, t0, t1, k0, k1, partial_rows});
+          partial_rows += (t1 - t0) * group;
+        }
+        groups.push_back({first, static_cast<int64_t>(items.size())});
+      }
+    }
+  }
+
+  const Geometry geo{heads, group, hd, kv_heads, layout.block_size, layout.max_blocks, q.ptr<float>(),
+                     pool.k.ptr<float>(), pool.v.ptr<float>(), layout.block_table.data()};
+  const int64_t width = hd + 2;
+  std::vector<float> partial(partial_rows * width);
+  ctx.parallel(static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Item& it = items[i];
+      run_item(ctx, geo, it, cu[it.seq], layout.cached[it.seq], scale, partial.data() + it.partial * width);
+    }
+  });
+
+  // Merge each group's key ranges: out = Σ acc_i e^{m_i − M} / Σ l_i e^{m_i − M}.
+  ctx.parallel(static_cast<int64_t>(groups.size()), 4, [&](int64_t g0, int64_t g1) {
+    for (int64_t gi = g0; gi < g1; ++gi) {
+      const auto [first, last] = groups[gi];
+      const Item& it0 = items[first];
+      const int64_t rows = (it0.t1 - it0.t0) * group;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t ti = it0.t0 + r / group, h = it0.kv_head * group + r % group;
+        float* o = out.ptr<float>() + ((cu[it0.seq] + ti) * heads + h) * hd;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t i = first; i < last; ++i) m = std::max(m, partial[(items[i].partial + r) * width]);
+        float l = 0.0f;
+        std::fill_n(o, hd, 0.0f);
+        for (int64_t i = first; i < last; ++i) {
+          const float* p = partial.data() + (items[i].partial + r) * width;
+          if (p[1] == 0.0f) continue;  // no visible key in this range
+          const float w = std::exp(p[0] - m);
+          l += w * p[1];
+          ctx.k.axpy(w, p + 2, o, hd);
+        }
+        ctx.k.scale(1.0f / l, o, hd);
+      }
+    }
+  });
+}
+
+}  // namespace qinfer::cpu

@@ -1,0 +1,99 @@
+// `qinfer eval`: logits for token ids, the oracle interface tests and outside checks use.
+//   qinfer eval --model DIR --ids 1,2,3 [--mode prefill|decode|chunked:N] [--device cpu]
+//               [--logits OUT.bin] [--greedy N]
+#include <fmt/format.h>
+
+#include <fstream>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "models/eval.h"
+
+namespace qinfer::cli {
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    QINFER_CHECK(!item.empty() && item.size() < 11 && item.find_first_not_of("0123456789") == std::string::npos,
+                 "--ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
+    const long long id = std::stoll(item);
+    QINFER_CHECK(id <= INT32_MAX, "--ids: token id {} is too large", id);
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  QINFER_CHECK(!ids.empty(), "--ids: no token ids given");
+  return ids;
+}
+
+std::unique_ptr<Ops> make_ops(const std::string& device) {
+  if (device == "cpu") return make_cpu_ops(global_thread_pool());
+  if (device == "ref") return make_ref_ops();
+  fail("--device {}: this build runs models on cpu (or ref, the scalar reference)", device);
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  struct Options {
+    std::string model, ids, mode = "prefill", device = "cpu", logits, dump;
+    int32_t greedy = 0;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("eval", "Logits (and greedy tokens) for a prompt of token ids");
+  cmd->add_option("--model", o->model, "checkpoint folder")->required();
+  cmd->add_option("--ids", o->ids, "comma-separated token ids")->required();
+  cmd->add_option("--mode", o->mode, "prefill | decode | chunked:N (default prefill)");
+  cmd->add_option("--device", o->device, "cpu (default) or ref");
+  cmd->add_option("--logits", o->logits, "write float32 little-endian logits [L, V] here");
+  cmd->add_option("--dump", o->dump,
+                  "write every named intermediate (model.layers.{i}.*) as f32 .bin files plus manifest.json here "
+                  "(prefill mode)");
+  cmd->add_option("--greedy", o->greedy, "print {\"greedy\":[...]} with N greedy tokens after the prompt");
+  cmd->callback([o] {
+    const std::vector<int32_t> ids = parse_ids(o->ids);
+    const models::EvalMode mode = models::parse_eval_mode(o->mode);
+    QINFER_CHECK(o->greedy >= 0, "--greedy: must not be negative");
+    models::Checkpoint checkpoint = models::open_checkpoint(o->model);
+    std::unique_ptr<Ops> ops = make_ops(o->device);
+    for (int32_t id : ids)
+      QINFER_CHECK(id < checkpoint.config.text.vocab_size, "--ids: token id {} is outside the vocabulary (0..{})", id,
+                   checkpoint.config.text.vocab_size - 1);
+    models::Model model(checkpoint, *ops);
+    QINFER_CHECK(o->dump.empty() || mode.kind == models::EvalMode::prefill,
+                 "--dump needs --mode prefill (one forward, so each name is written once)");
+    if (!o->logits.empty() || !o->dump.empty()) {
+      io::json manifest = io::json::object();
+      std::function<void(const std::string&, const Tensor&)> dump;
+      if (!o->dump.empty()) {
+        std::filesystem::create_directories(o->dump);
+        dump = [&](const std::string& name, const Tensor& value) {
+          std::ofstream out(std::filesystem::path(o->dump) / (name + ".bin"), std::ios::binary);
+          out.write(static_cast<const char*>(value.data), static_cast<std::streamsize>(value.nbytes()));
+          QINFER_CHECK(out.good(), "--dump {}: cannot write {}.bin", o->dump, name);
+          manifest[name] = value.shape;
+        };
+      }
+      Tensor logits = models::prompt_logits(model, ids, mode, dump);
+      if (!o->dump.empty()) {
+        std::ofstream(std::filesystem::path(o->dump) / "manifest.json") << manifest.dump(1) << "\n";
+      }
+      if (!o->logits.empty()) {
+        std::ofstream out(o->logits, std::ios::binary);
+        out.write(static_cast<const char*>(logits.data), static_cast<std::streamsize>(logits.nbytes()));
+        QINFER_CHECK(out.good(), "--logits {}: cannot write the file", o->logits);
+      }
+    }
+    if (o->greedy > 0) {
+      std::vector<int32_t> tokens = models::greedy_continuation(model, ids, o->greedy);
+      fmt::print("{{\"greedy\":[{}]}}\n", fmt::join(tokens, ","));
+    }
+  });
+}
+
+}  // namespace qinfer::cli

@@ -1,0 +1,146 @@
+// Every unquantized family against HF transformers' logits, through the one forward path in all
+// three modes (prefill, token-by-token decode, chunked prefill), plus greedy continuations and a
+// two-sequence batch. Tolerances: relative RMS of logits <= 1e-2; argmax identical wherever the
+// reference top-2 margin is >= 1e-2; greedy tokens identical.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "core/thread_pool.h"
+#include "io/json.h"
+#include "models/eval.h"
+
+namespace qinfer::models {
+namespace {
+
+const std::filesystem::path kGolden = std::filesystem::path(QINFER_TEST_DATA) / "golden";
+
+struct Reference {
+  std::vector<std::vector<int32_t>> prompts, greedy;
+  std::vector<std::vector<float>> logits;
+  int64_t vocab = 0;
+};
+
+Reference load_reference(const std::filesystem::path& dir) {
+  io::json j = io::read_json_file(dir / "reference.json");
+  Reference r;
+  r.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
+  r.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
+  for (size_t k = 0; k < r.prompts.size(); ++k) {
+    const auto shape = j["shape"][k].get<std::vector<int64_t>>();
+    r.vocab = shape[1];
+    std::vector<float> values(static_cast<size_t>(shape[0] * shape[1]));
+    std::ifstream in(dir / j["logits"][k].get<std::string>(), std::ios::binary);
+    in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+    EXPECT_TRUE(in.good());
+    r.logits.push_back(std::move(values));
+  }
+  return r;
+}
+
+struct Comparison {
+  double relative_rms = 0;
+  int argmax_mismatches = 0;  // at positions with a clear (>= 1e-2) reference margin
+};
+
+Comparison compare(const float* got, const std::vector<float>& want, int64_t vocab) {
+  Comparison c;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (got[i] - want[i]) * double(got[i] - want[i]);
+    norm += want[i] * double(want[i]);
+  }
+  c.relative_rms = std::sqrt(diff / norm);
+  for (size_t row = 0; row < want.size() / vocab; ++row) {
+    const float* w = want.data() + row * vocab;
+    const float* g = got + row * vocab;
+    std::vector<float> sorted(w, w + vocab);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    if (sorted[0] - sorted[1] < 1e-2f) continue;
+    c.argmax_mismatches += (std::max_element(w, w + vocab) - w) != (std::max_element(g, g + vocab) - g);
+  }
+  return c;
+}
+
+struct Case {
+  std::string fixture;
+  std::string device;
+};
+
+class GoldenForward : public ::testing::TestWithParam<Case> {};
+
+std::unique_ptr<Ops> make_ops(const std::string& device) {
+  return device == "ref" ? make_ref_ops() : make_cpu_ops(global_thread_pool());
+}
+
+TEST_P(GoldenForward, LogitsInEveryModeAndGreedy) {
+  const std::filesystem::path dir = kGolden / GetParam().fixture;
+  Checkpoint checkpoint = open_checkpoint(dir);
+  std::unique_ptr<Ops> ops = make_ops(GetParam().device);
+  Model model(checkpoint, *ops);
+  Reference ref = load_reference(dir);
+  for (const char* mode_name : {"prefill", "decode", "chunked:5", "chunked:64"}) {
+    const EvalMode mode = parse_eval_mode(mode_name);
+    for (size_t k = 0; k < ref.prompts.size(); ++k) {
+      Tensor logits = prompt_logits(model, ref.prompts[k], mode);
+      Comparison c = compare(logits.ptr<float>(), ref.logits[k], ref.vocab);
+      EXPECT_LE(c.relative_rms, 1e-2) << mode_name << " prompt " << k;
+      EXPECT_EQ(c.argmax_mismatches, 0) << mode_name << " prompt " << k;
+      if (k == 2) RecordProperty(std::string("rel_rms_") + mode_name, fmt::format("{:.3g}", c.relative_rms));
+    }
+  }
+  for (size_t k = 0; k < ref.prompts.size(); ++k)
+    EXPECT_EQ(greedy_continuation(model, ref.prompts[k], static_cast<int32_t>(ref.greedy[k].size())), ref.greedy[k])
+        << "prompt " << k;
+}
+
+// Two prompts of different lengths in one batch give each prompt's logits as when run alone, and
+// keep doing so when decoding continues batched.
+TEST_P(GoldenForward, BatchOfTwoMatchesSingleRuns) {
+  const std::filesystem::path dir = kGolden / GetParam().fixture;
+  Checkpoint checkpoint = open_checkpoint(dir);
+  std::unique_ptr<Ops> ops = make_ops(GetParam().device);
+  Model model(checkpoint, *ops);
+  Reference ref = load_reference(dir);
+  const auto& a = ref.prompts[1];
+  const auto& b = ref.prompts[2];
+  const int64_t V = ref.vocab;
+  ModelCache cache = make_cache(model, 128, 2);
+  SequenceCache sa, sb;
+  Batch batch;
+  batch.sequences.push_back({a, &sa, true});
+  batch.sequences.push_back({b, &sb, true});
+  Tensor logits = model.forward(batch, cache);
+  Comparison ca = compare(logits.ptr<float>(), ref.logits[1], V);
+  Comparison cb = compare(logits.ptr<float>() + a.size() * V, ref.logits[2], V);
+  EXPECT_LE(ca.relative_rms, 1e-2);
+  EXPECT_LE(cb.relative_rms, 1e-2);
+  EXPECT_EQ(ca.argmax_mismatches + cb.argmax_mismatches, 0);
+  // A batched decode step continues both sequences like the single-sequence greedy runs.
+  Batch step;
+  step.sequences.push_back({{ref.greedy[1][0]}, &sa, false});
+  step.sequences.push_back({{ref.greedy[2][0]}, &sb, false});
+  Tensor next = model.forward(step, cache);
+  auto argmax = [&](int64_t row) {
+    const float* r = next.ptr<float>() + row * V;
+    return static_cast<int32_t>(std::max_element(r, r + V) - r);
+  };
+  EXPECT_EQ(argmax(0), ref.greedy[1][1]);
+  EXPECT_EQ(argmax(1), ref.greedy[2][1]);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const char* f : {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_mlx"})
+    for (const char* d : {"cpu", "ref"}) out.push_back({f, d});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenForward, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.fixture + "_" + info.param.device; });
+
+}  // namespace
+}  // namespace qinfer::models

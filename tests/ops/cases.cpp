@@ -1,0 +1,416 @@
+// The table of op cases: odd sizes (1, 3, 17, 63, 65, 127, tails past every vector width and block),
+// every weight dtype, GQA and GDN head ratios, varlen batches with cache offsets and initial states,
+// both GDN algorithms. Each case builds host inputs, runs ref on them and the backend under test
+// on uploaded copies, and compares every output.
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/dtype.h"
+#include "ops/harness.h"
+
+namespace qinfer::harness {
+namespace {
+
+// fp32 reassociation only: the backends differ from ref in summation order and exp/sqrt rounding.
+constexpr double kTol = 1e-5;
+constexpr DType kWeightTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+std::string seqs_str(const std::vector<int32_t>& v) { return fmt::format("[{}]", fmt::join(v, ",")); }
+
+SeqLayout make_layout(const std::vector<int32_t>& lens, int64_t slots, Rng& rng) {
+  SeqLayout layout;
+  layout.cu_seqlens.push_back(0);
+  for (int32_t len : lens) layout.cu_seqlens.push_back(layout.cu_seqlens.back() + len);
+  std::vector<int32_t> slot(slots);
+  std::iota(slot.begin(), slot.end(), 0);
+  std::shuffle(slot.begin(), slot.end(), rng.engine());
+  layout.state_slot.assign(slot.begin(), slot.begin() + lens.size());
+  return layout;
+}
+
+void add_linear(std::vector<Case>& cases) {
+  struct Shape { int64_t T, in, out; };
+  const Shape shapes[] = {{1, 1, 1},   {1, 63, 65},   {1, 127, 17},  {3, 17, 63},  {17, 65, 127},
+                          {5, 1100, 19}, {1, 2055, 7}, {64, 96, 80}, {65, 127, 33}, {100, 300, 70}};
+  for (DType dt : kWeightTypes) {
+    for (const Shape s : shapes) {
+      cases.push_back({"linear", fmt::format("{} T={} in={} out={}", name(dt), s.T, s.in, s.out), [=](Run& r) {
+                         Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.in});
+                         Tensor w = random_tensor(r.rng, dt, {s.out, s.in}, 0.5f);
+                         Tensor y_ref = host_tensor(DType::f32, {s.T, s.out});
+                         r.ref.linear(x, w, y_ref);
+                         Tensor y = r.dut.alloc(DType::f32, {s.T, s.out});
+                         r.dut.linear(r.put(x), r.put(w), y);
+                         r.compare("y", y, y_ref, kTol);
+                       }});
+    }
+  }
+}
+
+void add_embedding(std::vector<Case>& cases) {
+  struct Shape { int64_t V, H, T; };
+  for (DType dt : kWeightTypes) {
+    for (const Shape s : {Shape{1, 1, 1}, Shape{50, 63, 7}, Shape{1000, 65, 33}, Shape{300, 1024, 40}}) {
+      cases.push_back({"embedding", fmt::format("{} V={} H={} T={}", name(dt), s.V, s.H, s.T), [=](Run& r) {
+                         std::vector<int32_t> ids(s.T);
+                         for (auto& id : ids) id = static_cast<int32_t>(r.rng.integer(0, s.V - 1));
+                         Tensor table = random_tensor(r.rng, dt, {s.V, s.H});
+                         Tensor idt = i32_tensor({s.T}, ids);
+                         Tensor out_ref = host_tensor(DType::f32, {s.T, s.H});
+                         r.ref.embedding(idt, table, out_ref);
+                         Tensor out = r.dut.alloc(DType::f32, {s.T, s.H});
+                         r.dut.embedding(r.put(idt), r.put(table), out);
+                         r.compare("out", out, out_ref, 0.0);
+                       }});
+    }
+  }
+}
+
+void add_norms(std::vector<Case>& cases) {
+  struct Shape { int64_t N, D; };
+  const Shape shapes[] = {{1, 1}, {3, 17}, {17, 63}, {7, 1024}, {40, 1000}};
+  for (const Shape s : shapes) {
+    const std::string p = fmt::format("N={} D={}", s.N, s.D);
+    cases.push_back({"rms_norm", p, [=](Run& r) {
+                       Tensor x = random_tensor(r.rng, DType::f32, {s.N, s.D}, 3.0f);
+                       Tensor w = random_tensor(r.rng, DType::f32, {s.D});
+                       Tensor y_ref = host_tensor(DType::f32, {s.N, s.D});
+                       r.ref.rms_norm(x, w, 1e-6f, y_ref);
+                       Tensor y = r.dut.alloc(DType::f32, {s.N, s.D});
+                       r.dut.rms_norm(r.put(x), r.put(w), 1e-6f, y);
+                       r.compare("y", y, y_ref, kTol);
+                       Tensor xy = r.put(x);  // in place: y aliases x
+                       r.dut.rms_norm(xy, r.put(w), 1e-6f, xy);
+                       r.compare("y=x", xy, y_ref, kTol);
+                     }});
+    cases.push_back({"rms_norm_gated", p, [=](Run& r) {
+                       Tensor x = random_tensor(r.rng, DType::f32, {s.N, s.D});
+                       Tensor z = random_tensor(r.rng, DType::f32, {s.N, s.D}, 3.0f);
+                       Tensor w = random_tensor(r.rng, DType::f32, {s.D});
+                       Tensor y_ref = host_tensor(DType::f32, {s.N, s.D});
+                       r.ref.rms_norm_gated(x, z, w, 1e-6f, y_ref);
+                       Tensor y = r.dut.alloc(DType::f32, {s.N, s.D});
+                       r.dut.rms_norm_gated(r.put(x), r.put(z), r.put(w), 1e-6f, y);
+                       r.compare("y", y, y_ref, kTol);
+                     }});
+    cases.push_back({"l2_norm", p, [=](Run& r) {
+                       Tensor x = random_tensor(r.rng, DType::f32, {s.N, s.D}, 0.5f);
+                       const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+                       Tensor y_ref = host_tensor(DType::f32, {s.N, s.D});
+                       r.ref.l2_norm(x, 1e-6f, scale, y_ref);
+                       Tensor xy = r.put(x);
+                       r.dut.l2_norm(xy, 1e-6f, scale, xy);
+                       r.compare("y=x", xy, y_ref, kTol);
+                     }});
+  }
+}
+
+void add_rope(std::vector<Case>& cases) {
+  struct Shape { int64_t T, heads, head_dim, rotary; double theta; std::vector<int64_t> section; int32_t max_pos; };
+  const std::vector<Shape> shapes = {{1, 1, 2, 2, 1e4, {}, 10},
+                                     {3, 4, 64, 64, 1e6, {}, 5000},
+                                     {17, 3, 256, 64, 1e7, {11, 11, 10}, 100000},
+                                     {5, 2, 128, 128, 5e6, {24, 20, 20}, 3000},
+                                     {7, 2, 18, 10, 1e4, {}, 100},
+                                     {65, 8, 128, 128, 1e6, {}, 40000}};
+  for (const Shape& s : shapes) {
+    cases.push_back({"rope",
+                     fmt::format("T={} heads={} hd={} rot={} mrope={}", s.T, s.heads, s.head_dim, s.rotary,
+                                 s.section.empty() ? "no" : "yes"),
+                     [=](Run& r) {
+                       std::vector<int32_t> pos(3 * s.T);
+                       for (int64_t t = 0; t < s.T; ++t) {
+                         pos[t] = static_cast<int32_t>(r.rng.integer(0, s.max_pos));
+                         for (int axis = 1; axis < 3; ++axis)
+                           pos[axis * s.T + t] = s.section.empty() ? pos[t] : static_cast<int32_t>(r.rng.integer(0, s.max_pos));
+                       }
+                       const RopeParams params{s.rotary, s.theta, s.section};
+                       Tensor positions = i32_tensor({3, s.T}, pos);
+                       Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.heads, s.head_dim});
+                       Tensor x_dut = r.put(x);
+                       r.ref.rope(x, positions, params);
+                       r.dut.rope(x_dut, r.put(positions), params);
+                       r.compare("x", x_dut, x, kTol);
+                     }});
+  }
+}
+
+void add_elementwise(std::vector<Case>& cases) {
+  const std::vector<std::vector<int64_t>> shapes = {{1}, {17}, {3, 333}, {70001}};
+  for (const auto& shape : shapes) {
+    const std::string p = fmt::format("[{}]", fmt::join(shape, ", "));
+    cases.push_back({"silu_mul", p, [=](Run& r) {
+                       Tensor gate = random_tensor(r.rng, DType::f32, shape, 4.0f);
+                       Tensor up = random_tensor(r.rng, DType::f32, shape);
+                       Tensor out_ref = host_tensor(DType::f32, shape);
+                       r.ref.silu_mul(gate, up, out_ref);
+                       Tensor out = r.dut.alloc(DType::f32, shape);
+                       r.dut.silu_mul(r.put(gate), r.put(up), out);
+                       r.compare("out", out, out_ref, kTol);
+                       Tensor up_dut = r.put(up);  // out aliases up
+                       r.dut.silu_mul(r.put(gate), up_dut, up_dut);
+                       r.compare("out=up", up_dut, out_ref, kTol);
+                     }});
+    cases.push_back({"sigmoid_mul", p, [=](Run& r) {
+                       Tensor x = random_tensor(r.rng, DType::f32, shape);
+                       Tensor gate = random_tensor(r.rng, DType::f32, shape, 4.0f);
+                       Tensor x_dut = r.put(x);
+                       r.ref.sigmoid_mul(x, gate);
+                       r.dut.sigmoid_mul(x_dut, r.put(gate));
+                       r.compare("x", x_dut, x, kTol);
+                     }});
+    cases.push_back({"add", p, [=](Run& r) {
+                       Tensor x = random_tensor(r.rng, DType::f32, shape);
+                       Tensor y = random_tensor(r.rng, DType::f32, shape);
+                       Tensor x_dut = r.put(x);
+                       r.ref.add(x, y);
+                       r.dut.add(x_dut, r.put(y));
+                       r.compare("x", x_dut, x, 0.0);
+                     }});
+  }
+  cases.push_back({"sigmoid_mul", "per-row gate [65, 1] on [65, 300]", [](Run& r) {
+                     Tensor x = random_tensor(r.rng, DType::f32, {65, 300});
+                     Tensor gate = random_tensor(r.rng, DType::f32, {65, 1}, 3.0f);
+                     Tensor x_dut = r.put(x);
+                     r.ref.sigmoid_mul(x, gate);
+                     r.dut.sigmoid_mul(x_dut, r.put(gate));
+                     r.compare("x", x_dut, x, kTol);
+                   }});
+}
+
+// kv_store then attention over a shuffled paged pool whose other slots hold random data.
+void add_attention(std::vector<Case>& cases) {
+  struct Shape { int64_t heads, kv_heads, head_dim; int32_t block_size; std::vector<int32_t> lens, cached; };
+  const std::vector<Shape> shapes = {
+      {8, 8, 64, 16, {1}, {0}},                          // first token
+      {4, 2, 64, 16, {1}, {37}},                         // decode, GQA 2
+      {8, 2, 128, 16, {1}, {700}},                       // decode, GQA 4, key-split path
+      {6, 3, 32, 4, {3}, {1100}},                        // several splits, small pages
+      {2, 1, 20, 7, {5, 1, 9}, {3, 0, 30}},              // odd head_dim and page size, varlen
+      {8, 2, 64, 16, {33, 17, 1, 64}, {0, 40, 100, 3}},  // prefill blocks + decode in one batch
+      {4, 4, 16, 5, {0, 6}, {5, 2}},                     // an empty sequence
+      {4, 1, 256, 32, {2, 1}, {1000, 1500}},             // head_dim 256, GQA 4
+  };
+  for (const Shape& s : shapes) {
+    cases.push_back({"attention",
+                     fmt::format("h={} kv={} hd={} bs={} lens={} cached={}", s.heads, s.kv_heads, s.head_dim,
+                                 s.block_size, seqs_str(s.lens), seqs_str(s.cached)),
+                     [=](Run& r) {
+                       AttentionLayout layout;
+                       layout.seqs = make_layout(s.lens, static_cast<int64_t>(s.lens.size()), r.rng);
+                       layout.cached = s.cached;
+                       layout.block_size = s.block_size;
+                       int32_t total_blocks = 0;
+                       for (size_t i = 0; i < s.lens.size(); ++i) {
+                         const int32_t blocks = (s.cached[i] + s.lens[i] + s.block_size - 1) / s.block_size;
+                         layout.max_blocks = std::max(layout.max_blocks, blocks + 1);
+                         total_blocks += blocks;
+                       }
+                       const int64_t num_blocks = total_blocks + 3;
+                       std::vector<int32_t> physical(num_blocks);
+                       std::iota(physical.begin(), physical.end(), 0);
+                       std::shuffle(physical.begin(), physical.end(), r.rng.engine());
+                       layout.block_table.assign(s.lens.size() * layout.max_blocks, -1);
+                       int32_t next = 0;
+                       for (size_t i = 0; i < s.lens.size(); ++i)
+                         for (int32_t b = 0; b < (s.cached[i] + s.lens[i] + s.block_size - 1) / s.block_size; ++b)
+                           layout.block_table[i * layout.max_blocks + b] = physical[next++];
+
+                       const int64_t T = layout.seqs.num_tokens();
+                       const std::vector<int64_t> pool_shape = {num_blocks, s.block_size, s.kv_heads, s.head_dim};
+                       KvPool pool{random_tensor(r.rng, DType::f32, pool_shape), random_tensor(r.rng, DType::f32, pool_shape)};
+                       KvPool pool_dut{r.put(pool.k), r.put(pool.v)};
+                       Tensor k = random_tensor(r.rng, DType::f32, {T, s.kv_heads, s.head_dim});
+                       Tensor v = random_tensor(r.rng, DType::f32, {T, s.kv_heads, s.head_dim});
+                       Tensor q = random_tensor(r.rng, DType::f32, {T, s.heads, s.head_dim});
+                       r.ref.kv_store(k, v, layout, pool);
+                       r.dut.kv_store(r.put(k), r.put(v), layout, pool_dut);
+                       r.compare("pool.k", pool_dut.k, pool.k, 0.0);
+                       r.compare("pool.v", pool_dut.v, pool.v, 0.0);
+                       const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+                       Tensor out_ref = host_tensor(DType::f32, {T, s.heads, s.head_dim});
+                       r.ref.attention(q, pool, layout, scale, out_ref);
+                       Tensor out = r.dut.alloc(DType::f32, {T, s.heads, s.head_dim});
+                       r.dut.attention(r.put(q), pool_dut, layout, scale, out);
+                       r.compare("out", out, out_ref, kTol);
+                     }});
+  }
+}
+
+void add_moe(std::vector<Case>& cases) {
+  struct Route { int64_t T, E, k; bool renormalize; };
+  for (const Route s : {Route{1, 8, 2, true}, Route{17, 64, 8, true}, Route{5, 128, 8, false}, Route{3, 7, 7, false}}) {
+    cases.push_back({"moe_route", fmt::format("T={} E={} k={} renorm={}", s.T, s.E, s.k, s.renormalize), [=](Run& r) {
+                       Tensor logits = random_tensor(r.rng, DType::f32, {s.T, s.E}, 2.0f);
+                       Tensor ids_ref = host_tensor(DType::i32, {s.T, s.k});
+                       Tensor w_ref = host_tensor(DType::f32, {s.T, s.k});
+                       r.ref.moe_route(logits, s.renormalize, ids_ref, w_ref);
+                       Tensor ids = r.dut.alloc(DType::i32, {s.T, s.k});
+                       Tensor w = r.dut.alloc(DType::f32, {s.T, s.k});
+                       r.dut.moe_route(r.put(logits), s.renormalize, ids, w);
+                       Tensor ids_host = r.get(ids);
+                       r.compare_ids("ids", {ids_host.ptr<int32_t>(), ids_host.ptr<int32_t>() + s.T * s.k},
+                                     {ids_ref.ptr<int32_t>(), ids_ref.ptr<int32_t>() + s.T * s.k});
+                       r.compare("weights", w, w_ref, kTol);
+                     }});
+  }
+  struct Experts { int64_t T, H, I, E, k; };
+  const Experts shapes[] = {{1, 64, 32, 8, 2}, {5, 63, 17, 4, 2}, {33, 64, 48, 16, 4}, {70, 33, 20, 3, 3}};
+  for (DType dt : kWeightTypes) {
+    for (const Experts s : shapes) {
+      cases.push_back({"moe_experts", fmt::format("{} T={} H={} I={} E={} k={}", name(dt), s.T, s.H, s.I, s.E, s.k),
+                       [=](Run& r) {
+                         std::vector<int32_t> ids(s.T * s.k), experts(s.E);
+                         std::iota(experts.begin(), experts.end(), 0);
+                         for (int64_t t = 0; t < s.T; ++t) {
+                           std::shuffle(experts.begin(), experts.end(), r.rng.engine());
+                           std::copy_n(experts.begin(), s.k, ids.begin() + t * s.k);
+                         }
+                         Tensor idt = i32_tensor({s.T, s.k}, ids);
+                         Tensor weights = host_tensor(DType::f32, {s.T, s.k});
+                         for (int64_t i = 0; i < s.T * s.k; ++i) weights.ptr<float>()[i] = r.rng.uniform(0.05f, 1.0f);
+                         Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.H});
+                         Tensor gate = random_tensor(r.rng, dt, {s.E, s.I, s.H}, 0.3f);
+                         Tensor up = random_tensor(r.rng, dt, {s.E, s.I, s.H}, 0.3f);
+                         Tensor down = random_tensor(r.rng, dt, {s.E, s.H, s.I}, 0.3f);
+                         Tensor out_ref = host_tensor(DType::f32, {s.T, s.H});
+                         r.ref.moe_experts(x, idt, weights, gate, up, down, out_ref);
+                         Tensor out = r.dut.alloc(DType::f32, {s.T, s.H});
+                         r.dut.moe_experts(r.put(x), r.put(idt), r.put(weights), r.put(gate), r.put(up), r.put(down),
+                                           out);
+                         r.compare("out", out, out_ref, kTol);
+                       }});
+    }
+  }
+}
+
+void add_gdn(std::vector<Case>& cases) {
+  struct Gates { int64_t T, Hv; };
+  for (const Gates s : {Gates{1, 1}, Gates{17, 16}, Gates{64, 48}}) {
+    cases.push_back({"gdn_gates", fmt::format("T={} Hv={}", s.T, s.Hv), [=](Run& r) {
+                       Tensor a = random_tensor(r.rng, DType::f32, {s.T, s.Hv}, 8.0f);  // some past softplus' 20 cut
+                       Tensor b = random_tensor(r.rng, DType::f32, {s.T, s.Hv}, 3.0f);
+                       Tensor A_log = random_tensor(r.rng, DType::f32, {s.Hv});
+                       Tensor dt_bias = random_tensor(r.rng, DType::f32, {s.Hv});
+                       Tensor g_ref = host_tensor(DType::f32, {s.T, s.Hv}), beta_ref = host_tensor(DType::f32, {s.T, s.Hv});
+                       r.ref.gdn_gates(a, b, A_log, dt_bias, g_ref, beta_ref);
+                       Tensor g = r.dut.alloc(DType::f32, {s.T, s.Hv}), beta = r.dut.alloc(DType::f32, {s.T, s.Hv});
+                       r.dut.gdn_gates(r.put(a), r.put(b), r.put(A_log), r.put(dt_bias), g, beta);
+                       r.compare("g", g, g_ref, kTol);
+                       r.compare("beta", beta, beta_ref, kTol);
+                     }});
+  }
+
+  struct Conv { int64_t C, K; std::vector<int32_t> lens; };
+  const std::vector<Conv> convs = {{1, 1, {1}}, {17, 4, {1}}, {64, 4, {1, 2, 5, 0, 3}}, {33, 3, {40, 1}},
+                                   {130, 4, {70}}, {2048, 4, {1, 1, 1}}};
+  for (const Conv& s : convs) {
+    cases.push_back({"conv1d_causal", fmt::format("C={} K={} lens={}", s.C, s.K, seqs_str(s.lens)), [=](Run& r) {
+                       const int64_t slots = static_cast<int64_t>(s.lens.size()) + 2;
+                       const SeqLayout layout = make_layout(s.lens, slots, r.rng);
+                       const int64_t T = layout.num_tokens();
+                       Tensor x = random_tensor(r.rng, DType::f32, {T, s.C});
+                       Tensor w = random_tensor(r.rng, DType::f32, {s.C, s.K}, 0.5f);
+                       Tensor state = random_tensor(r.rng, DType::f32, {slots, s.K - 1, s.C});
+                       Tensor state_dut = r.put(state);
+                       Tensor out_ref = host_tensor(DType::f32, {T, s.C});
+                       r.ref.conv1d_causal(x, w, layout, state, out_ref);
+                       Tensor out = r.dut.alloc(DType::f32, {T, s.C});
+                       r.dut.conv1d_causal(r.put(x), r.put(w), layout, state_dut, out);
+                       r.compare("out", out, out_ref, kTol);
+                       r.compare("conv_state", state_dut, state, 0.0);
+                     }});
+  }
+
+  struct Rule { int64_t Hk, Hv, Dk, Dv; std::vector<int32_t> lens; };
+  const std::vector<Rule> rules = {{1, 1, 16, 16, {1}},        {2, 4, 32, 16, {3, 65}},   {4, 4, 128, 128, {1, 1}},
+                                   {2, 2, 17, 9, {130, 5, 64}}, {1, 2, 64, 32, {200, 0}}, {2, 4, 128, 128, {70}}};
+  const std::pair<GdnAlgorithm, const char*> algorithms[] = {
+      {GdnAlgorithm::recurrent, "recurrent"}, {GdnAlgorithm::chunked, "chunked"}, {GdnAlgorithm::automatic, "auto"}};
+  for (const auto& [algorithm, algorithm_name] : algorithms) {
+    for (const Rule& s : rules) {
+      cases.push_back({"gated_delta_rule",
+                       fmt::format("{} Hk={} Hv={} Dk={} Dv={} lens={}", algorithm_name, s.Hk, s.Hv, s.Dk, s.Dv,
+                                   seqs_str(s.lens)),
+                       [=, algorithm = algorithm](Run& r) {
+                         const int64_t slots = static_cast<int64_t>(s.lens.size()) + 1;
+                         const SeqLayout layout = make_layout(s.lens, slots, r.rng);
+                         const int64_t T = layout.num_tokens();
+                         Tensor q = random_tensor(r.rng, DType::f32, {T, s.Hk, s.Dk});
+                         Tensor k = random_tensor(r.rng, DType::f32, {T, s.Hk, s.Dk});
+                         // q and k as the model feeds them: unit rows, q scaled by Dk^-1/2.
+                         for (int64_t row = 0; row < T * s.Hk; ++row) {
+                           for (auto [t, scale] : {std::pair{&q, 1.0 / std::sqrt(s.Dk)}, std::pair{&k, 1.0}}) {
+                             float* p = t->ptr<float>() + row * s.Dk;
+                             double norm = 0.0;
+                             for (int64_t i = 0; i < s.Dk; ++i) norm += double(p[i]) * p[i];
+                             for (int64_t i = 0; i < s.Dk; ++i) p[i] = static_cast<float>(p[i] * scale / std::sqrt(norm));
+                           }
+                         }
+                         Tensor v = random_tensor(r.rng, DType::f32, {T, s.Hv, s.Dv});
+                         Tensor g = host_tensor(DType::f32, {T, s.Hv}), beta = host_tensor(DType::f32, {T, s.Hv});
+                         for (int64_t i = 0; i < T * s.Hv; ++i) {
+                           g.ptr<float>()[i] = -r.rng.uniform(0.0f, 1.0f) * r.rng.uniform(0.0f, 1.0f) * 3.0f;
+                           beta.ptr<float>()[i] = r.rng.uniform(0.0f, 1.0f);
+                         }
+                         Tensor state = random_tensor(r.rng, DType::f32, {slots, s.Hv, s.Dv, s.Dk}, 0.2f);
+                         Tensor state_dut = r.put(state);
+                         Tensor out_ref = host_tensor(DType::f32, {T, s.Hv, s.Dv});
+                         r.ref.gated_delta_rule(q, k, v, g, beta, layout, state, out_ref, algorithm);
+                         Tensor out = r.dut.alloc(DType::f32, {T, s.Hv, s.Dv});
+                         r.dut.gated_delta_rule(r.put(q), r.put(k), r.put(v), r.put(g), r.put(beta), layout, state_dut,
+                                                out, algorithm);
+                         r.compare("out", out, out_ref, kTol);
+                         r.compare("state", state_dut, state, kTol);
+                       }});
+    }
+  }
+}
+
+void add_sample(std::vector<Case>& cases) {
+  struct Setting { const char* label; SamplingParams params; };
+  const Setting settings[] = {
+      {"greedy", {}},
+      {"t=0.8 top_k=20", {.temperature = 0.8f, .top_k = 20, .seed = 7}},
+      {"t=1 top_p=0.9 min_p=0.05", {.temperature = 1.0f, .top_p = 0.9f, .min_p = 0.05f, .seed = 11}},
+      {"t=0.7 penalties", {.temperature = 0.7f, .repetition_penalty = 1.3f, .presence_penalty = 0.5f,
+                           .frequency_penalty = 0.2f, .seed = 3}},
+  };
+  for (const Setting& setting : settings) {
+    cases.push_back({"sample", fmt::format("S=5 V=1000 {}", setting.label), [=](Run& r) {
+                       const int64_t S = 5, V = 1000;
+                       Tensor logits = random_tensor(r.rng, DType::f32, {S, V}, 3.0f);
+                       std::vector<SamplingParams> params(S, setting.params);
+                       std::vector<std::vector<int32_t>> history(S);
+                       for (auto& h : history)
+                         for (int i = 0; i < 30; ++i) h.push_back(static_cast<int32_t>(r.rng.integer(0, V - 1)));
+                       std::vector<uint64_t> step = {0, 1, 2, 100, 12345};
+                       std::vector<int32_t> want, got;
+                       r.ref.sample(logits, params, history, step, want);
+                       r.dut.sample(r.put(logits), params, history, step, got);
+                       r.compare_ids("tokens", got, want);
+                     }});
+  }
+}
+
+}  // namespace
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  add_linear(cases);
+  add_embedding(cases);
+  add_norms(cases);
+  add_rope(cases);
+  add_elementwise(cases);
+  add_attention(cases);
+  add_moe(cases);
+  add_gdn(cases);
+  add_sample(cases);
+  return cases;
+}
+
+}  // namespace qinfer::harness

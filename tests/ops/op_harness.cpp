@@ -1,0 +1,140 @@
+// op_harness [--backend NAME] [--op SUBSTRING] [--perf]: runs every case of cases.cpp on the backend
+// under test and on ref, one line per case and a final "N passed, M failed"; exits 1 on any failure.
+#include <fmt/core.h>
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string_view>
+
+#include "backend/cpu/cpu_ops.h"
+#include "ops/harness.h"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace qinfer::harness {
+
+namespace {
+
+Tensor host_upload(Ops& ops, const Tensor& host) {
+  Tensor t = ops.alloc(host.dtype, host.shape);
+  std::memcpy(t.data, host.data, host.nbytes());
+  return t;
+}
+
+}  // namespace
+
+const std::vector<Backend>& backends() {
+  static const std::vector<Backend> list = {
+      {"cpu", "the cpu backend with the best kernels this CPU runs",
+       [] { return make_cpu_ops(global_thread_pool()); }, host_upload, clone},
+      {"cpu-portable", "the cpu backend on its portable (non-AVX2) kernels",
+       [] { return make_cpu_ops(global_thread_pool(), cpu::portable_kernels()); }, host_upload, clone},
+  };
+  return list;
+}
+
+Tensor random_tensor(Rng& rng, DType dtype, std::vector<int64_t> shape, float stddev) {
+  Tensor t = host_tensor(dtype, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float x = rng.normal(stddev);
+    switch (dtype) {
+      case DType::f32: t.ptr<float>()[i] = x; break;
+      case DType::bf16: t.ptr<uint16_t>()[i] = f32_to_bf16(x); break;
+      case DType::f16: t.ptr<uint16_t>()[i] = f32_to_f16(x); break;
+      default: throw std::invalid_argument("random_tensor: unsupported dtype");
+    }
+  }
+  return t;
+}
+
+Tensor i32_tensor(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+  Tensor t = host_tensor(DType::i32, std::move(shape));
+  if (static_cast<int64_t>(values.size()) != t.numel()) throw std::invalid_argument("i32_tensor: size mismatch");
+  std::memcpy(t.data, values.data(), values.size() * sizeof(int32_t));
+  return t;
+}
+
+Tensor clone(const Tensor& host) {
+  Tensor t = host_tensor(host.dtype, host.shape);
+  std::memcpy(t.data, host.data, host.nbytes());
+  return t;
+}
+
+double rel_rms(const Tensor& got, const Tensor& want) {
+  if (got.shape != want.shape || got.dtype != DType::f32 || want.dtype != DType::f32) return INFINITY;
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.ptr<float>()[i], w = want.ptr<float>()[i];
+    diff += (g - w) * (g - w), norm += w * w;
+  }
+  if (std::isnan(diff)) return INFINITY;
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+void Run::compare(const std::string& output, const Tensor& dut_out, const Tensor& ref_out, double tolerance) {
+  checks.push_back({output, rel_rms(get(dut_out), ref_out), tolerance});
+}
+
+void Run::compare_ids(const std::string& output, const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+  size_t mismatches = got.size() == want.size() ? 0 : std::max(got.size(), want.size());
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) mismatches += got[i] != want[i];
+  checks.push_back({output, static_cast<double>(mismatches), 0.0});
+}
+
+}  // namespace qinfer::harness
+
+int main(int argc, char** argv) {
+  using namespace qinfer;
+  using namespace qinfer::harness;
+  std::string backend_name = "cpu", filter;
+  bool perf = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--backend" && i + 1 < argc) {
+      backend_name = argv[++i];
+    } else if (arg == "--op" && i + 1 < argc) {
+      filter = argv[++i];
+    } else if (arg == "--perf") {
+      perf = true;
+    } else {
+      fmt::print(stderr, "usage: op_harness [--backend NAME] [--op SUBSTRING] [--perf]\nbackends:\n");
+      for (const Backend& b : backends()) fmt::print(stderr, "  {:14} {}\n", b.name, b.description);
+      return 2;
+    }
+  }
+  const Backend* backend = nullptr;
+  for (const Backend& b : backends())
+    if (b.name == backend_name) backend = &b;
+  if (backend == nullptr) {
+    fmt::print(stderr, "op_harness: unknown backend '{}' (run with --help for the list)\n", backend_name);
+    return 2;
+  }
+  std::unique_ptr<Ops> dut = backend->make();
+  if (perf) return run_perf(*backend, *dut, filter);
+
+  std::unique_ptr<Ops> ref = make_ref_ops();
+  int passed = 0, failed = 0;
+  uint64_t seed = 0;
+  for (const Case& c : all_cases()) {
+    ++seed;  // the seed follows the case's place in the full list, so --op reproduces a failure
+    if (!filter.empty() && c.op.find(filter) == std::string::npos) continue;
+    Run run(*ref, *dut, *backend, seed);
+    std::string detail;
+    bool ok = true;
+    try {
+      c.run(run);
+      for (const Check& check : run.checks) {
+        ok = ok && check.ok();
+        detail += fmt::format("  {} {:.2e}{}", check.output, check.error, check.ok() ? "" : fmt::format(" > {:.0e}", check.tolerance));
+      }
+      if (run.checks.empty()) ok = false, detail = "  no checks ran";
+    } catch (const std::exception& e) {
+      ok = false, detail = fmt::format("  threw: {}", e.what());
+    }
+    (ok ? passed : failed)++;
+    fmt::print("{} {:<16} {:<44}{}\n", ok ? "ok  " : "FAIL", c.op, c.params, detail);
+  }
+  fmt::print("{} passed, {} failed ({} vs ref)\n", passed, failed, backend->name);
+  return failed == 0 && passed > 0 ? 0 : 1;
+}

@@ -1,0 +1,216 @@
+// op_harness --perf: the backend under test on realistic shapes (Qwen3.5-0.8B / Qwen3-8B / Qwen3-30B-A3B
+// layers), each reported as GB/s = bytes the op must read (and write) ÷ median time, next to the
+// memory bandwidth the same process measures, and their ratio (STYLE.md 8). Memory-bound cases cycle
+// through enough copies of their weights / caches / states to miss the last-level cache.
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/thread_pool.h"
+#include "ops/harness.h"
+
+namespace qinfer::harness {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Median seconds of fn(i) over at least `min_iters` calls and 0.5 s, after one warm-up call.
+double median_seconds(const std::function<void(int)>& fn, int min_iters = 5) {
+  fn(0);
+  std::vector<double> times;
+  const auto begin = Clock::now();
+  for (int i = 1; static_cast<int>(times.size()) < min_iters || (seconds_since(begin) < 0.5 && times.size() < 1000); ++i) {
+    const auto start = Clock::now();
+    fn(i);
+    times.push_back(seconds_since(start));
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+size_t llc_bytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? static_cast<size_t>(l3) : size_t{32} << 20;
+}
+
+// Copies of a `bytes`-sized operand that together take three times the last-level cache (at most 2 GiB).
+int copies_for(double bytes) {
+  const double want = 3.0 * static_cast<double>(llc_bytes());
+  const double cap = 2.0 * (1 << 30);
+  return static_cast<int>(std::clamp(std::ceil(want / bytes), 1.0, std::max(1.0, std::floor(cap / bytes))));
+}
+
+// Bytes/s of summing a buffer three times the LLC across the pool, and of a parallel memcpy
+// (counting read + write), so an op's GB/s has the machine's own limit next to it.
+std::pair<double, double> bandwidth_probe(ThreadPool& pool) {
+  const size_t words = std::max<size_t>(3 * llc_bytes(), size_t{256} << 20) / 8;
+  std::vector<uint64_t> src(words, 1), dst(words);
+  std::atomic<uint64_t> sink{0};
+  const double read = median_seconds([&](int) {
+    pool.parallel_for(words, [&](size_t b, size_t e) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = b; i + 4 <= e; i += 4) s0 += src[i], s1 += src[i + 1], s2 += src[i + 2], s3 += src[i + 3];
+      sink += s0 + s1 + s2 + s3;
+    });
+  });
+  const double copy = median_seconds([&](int) {
+    pool.parallel_for(words, [&](size_t b, size_t e) { std::memcpy(&dst[b], &src[b], (e - b) * 8); });
+  });
+  return {words * 8.0 / read, 2.0 * words * 8.0 / copy};
+}
+
+// Puts a host tensor into the memory of the backend under test.
+using Put = std::function<Tensor(const Tensor&)>;
+
+// A tensor filled with a constant ≈0.01 (values do not change the timing; a random fill of
+// gigabytes would dominate the run).
+Tensor pattern_tensor(const Put& put, DType dtype, std::vector<int64_t> shape) {
+  Tensor host = host_tensor(dtype, std::move(shape));
+  if (dtype == DType::f32) {
+    std::fill_n(host.ptr<float>(), host.numel(), 0.01f);
+  } else {
+    std::fill_n(host.ptr<uint16_t>(), host.numel(), dtype == DType::bf16 ? uint16_t{0x3C24} : uint16_t{0x2000});
+  }
+  return put(host);
+}
+
+struct Bench {
+  std::function<void(int)> run;  // one op call on copy i % copies
+  double bytes = 0, flops = 0;
+};
+
+struct PerfCase {
+  std::string name;
+  std::function<Bench(Ops&, const Put&)> setup;
+};
+
+PerfCase linear_case(int64_t T, int64_t in, int64_t out, DType dt) {
+  return {fmt::format("linear {} {}x{}->{}", name(dt), T, in, out), [=](Ops& ops, const Put& put) {
+            const double weight_bytes = storage_bytes(dt, in * out);
+            const int copies = T == 1 ? copies_for(weight_bytes) : 1;
+            auto w = std::make_shared<std::vector<Tensor>>();
+            for (int c = 0; c < copies; ++c) w->push_back(pattern_tensor(put, dt, {out, in}));
+            auto x = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, in}));
+            auto y = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, out}));
+            return Bench{[=, &ops](int i) { ops.linear(*x, (*w)[i % copies], *y); },
+                         weight_bytes + 4.0 * T * (in + out), 2.0 * T * in * out};
+          }};
+}
+
+PerfCase attention_case(int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd) {
+  return {fmt::format("attention decode {} cached h={} kv={} hd={}", cached, heads, kv_heads, hd), [=](Ops& ops, const Put& put) {
+            const int32_t bs = 16, blocks = static_cast<int32_t>((cached + 1 + bs - 1) / bs);
+            const double kv_bytes = 2.0 * (cached + 1) * kv_heads * hd * 4;
+            const int copies = copies_for(kv_bytes);
+            auto pool = std::make_shared<KvPool>(KvPool{pattern_tensor(put, DType::f32, {copies * blocks, bs, kv_heads, hd}),
+                                                        pattern_tensor(put, DType::f32, {copies * blocks, bs, kv_heads, hd})});
+            auto layouts = std::make_shared<std::vector<AttentionLayout>>(copies);
+            for (int c = 0; c < copies; ++c) {
+              AttentionLayout& l = (*layouts)[c];
+              l.seqs.cu_seqlens = {0, 1};
+              l.seqs.state_slot = {0};
+              l.cached = {static_cast<int32_t>(cached)};
+              l.block_size = bs, l.max_blocks = blocks;
+              for (int32_t b = 0; b < blocks; ++b) l.block_table.push_back(c * blocks + b);
+            }
+            auto q = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {1, heads, hd}));
+            auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {1, heads, hd}));
+            const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+            return Bench{[=, &ops](int i) { ops.attention(*q, *pool, (*layouts)[i % copies], scale, *out); }, kv_bytes,
+                         4.0 * heads * (cached + 1) * hd};
+          }};
+}
+
+PerfCase gdn_case(int64_t T, GdnAlgorithm algorithm, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+  const char* label = algorithm == GdnAlgorithm::chunked ? "chunked" : "recurrent";
+  return {fmt::format("gated_delta_rule {} T={} Hk={} Hv={} Dk={} Dv={}", label, T, Hk, Hv, Dk, Dv), [=](Ops& ops, const Put& put) {
+            const double state_bytes = 4.0 * Hv * Dv * Dk;
+            const int copies = T == 1 ? copies_for(2 * state_bytes) : 1;
+            Rng rng(1);
+            auto q = std::make_shared<Tensor>(put(random_tensor(rng, DType::f32, {T, Hk, Dk}, 0.05f)));
+            auto k = std::make_shared<Tensor>(put(random_tensor(rng, DType::f32, {T, Hk, Dk}, 0.05f)));
+            auto v = std::make_shared<Tensor>(put(random_tensor(rng, DType::f32, {T, Hv, Dv})));
+            Tensor g_host = host_tensor(DType::f32, {T, Hv}), beta_host = host_tensor(DType::f32, {T, Hv});
+            std::fill_n(g_host.ptr<float>(), T * Hv, -0.1f);
+            std::fill_n(beta_host.ptr<float>(), T * Hv, 0.5f);
+            auto g = std::make_shared<Tensor>(put(g_host));
+            auto beta = std::make_shared<Tensor>(put(beta_host));
+            auto state = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {copies, Hv, Dv, Dk}));
+            auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, Hv, Dv}));
+            auto layouts = std::make_shared<std::vector<SeqLayout>>(copies);
+            for (int c = 0; c < copies; ++c) (*layouts)[c] = SeqLayout{{0, static_cast<int32_t>(T)}, {c}};
+            // Recurrent: ~6 flops per state element per token; chunked: about the same count in matrix form.
+            return Bench{[=, &ops](int i) {
+                           ops.gated_delta_rule(*q, *k, *v, *g, *beta, (*layouts)[i % copies], *state, *out, algorithm);
+                         },
+                         2 * state_bytes + 4.0 * T * (2 * Hk * Dk + 2 * Hv * Dv), 6.0 * T * Hv * Dv * Dk};
+          }};
+}
+
+PerfCase moe_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, DType dt) {
+  return {fmt::format("moe_experts {} T={} H={} I={} E={} k={}", name(dt), T, H, I, E, k), [=](Ops& ops, const Put& put) {
+            auto gate = std::make_shared<Tensor>(pattern_tensor(put, dt, {E, I, H}));
+            auto up = std::make_shared<Tensor>(pattern_tensor(put, dt, {E, I, H}));
+            auto down = std::make_shared<Tensor>(pattern_tensor(put, dt, {E, H, I}));
+            auto x = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, H}));
+            auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, H}));
+            auto weights = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, k}));
+            // Each call routes to a different set of experts, as decode does, so weights come from memory.
+            const int routings = static_cast<int>(E / k);
+            auto ids = std::make_shared<std::vector<Tensor>>();
+            for (int r = 0; r < routings; ++r) {
+              std::vector<int32_t> v(T * k);
+              for (int64_t i = 0; i < T * k; ++i) v[i] = static_cast<int32_t>((r * k + i % k) % E);
+              ids->push_back(put(i32_tensor({T, k}, v)));
+            }
+            const double touched = std::min<double>(E, T * k);
+            return Bench{[=, &ops](int i) { ops.moe_experts(*x, (*ids)[i % routings], *weights, *gate, *up, *down, *out); },
+                         touched * 3.0 * storage_bytes(dt, H * I), 6.0 * T * k * H * I};
+          }};
+}
+
+}  // namespace
+
+int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
+  ThreadPool& pool = global_thread_pool();
+  const auto [read_bw, copy_bw] = bandwidth_probe(pool);
+  fmt::print("backend {} ({} threads); memory probe: read {:.1f} GB/s, memcpy {:.1f} GB/s (read+write); LLC {} MiB\n",
+             ops.name(), pool.size(), read_bw / 1e9, copy_bw / 1e9, llc_bytes() >> 20);
+  const std::vector<PerfCase> cases = {
+      linear_case(1, 4096, 4096, DType::bf16),
+      linear_case(1, 1024, 3584, DType::bf16),
+      linear_case(1, 3584, 1024, DType::bf16),
+      linear_case(1, 4096, 4096, DType::f16),
+      linear_case(1, 4096, 4096, DType::f32),
+      linear_case(8, 4096, 4096, DType::bf16),
+      linear_case(512, 1024, 3584, DType::bf16),
+      attention_case(4096, 8, 2, 256),
+      attention_case(4096, 32, 8, 128),
+      gdn_case(1, GdnAlgorithm::recurrent, 16, 16, 128, 128),
+      gdn_case(1024, GdnAlgorithm::chunked, 16, 16, 128, 128),
+      gdn_case(1024, GdnAlgorithm::recurrent, 16, 16, 128, 128),
+      moe_case(1, 2048, 768, 128, 8, DType::bf16),
+  };
+  fmt::print("{:<52} {:>10} {:>9} {:>8} {:>9}\n", "case", "median ms", "GB/s", "÷probe", "GFLOP/s");
+  for (const PerfCase& c : cases) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    Bench bench = c.setup(ops, [&](const Tensor& host) { return backend.upload(ops, host); });
+    const double s = median_seconds(bench.run);
+    const double gbs = bench.bytes / s / 1e9;
+    fmt::print("{:<52} {:>10.3f} {:>9.1f} {:>7.0f}% {:>9.1f}\n", c.name, s * 1e3, gbs, 100.0 * gbs * 1e9 / read_bw,
+               bench.flops / s / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace qinfer::harness
