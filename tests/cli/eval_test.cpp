@@ -1,0 +1,81 @@
+// `qinfer eval` as tests and outside checks call it: logits file, greedy JSON line, --dump, errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "io/json.h"
+#include "support/run_command.h"
+#include "support/safetensors_writer.h"
+
+namespace qinfer::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+const fs::path kFixture = fs::path(QINFER_TEST_DATA) / "golden" / "qwen3_next";
+
+std::string eval(const std::string& args) {
+  return std::string(QINFER_BINARY) + " eval --model '" + kFixture.string() + "' " + args;
+}
+
+std::string ids_of(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
+TEST(Eval, LogitsFileAndGreedyLineMatchTheReference) {
+  io::json ref = io::read_json_file(kFixture / "reference.json");
+  const auto prompt = ref["prompts"][2].get<std::vector<int32_t>>();
+  const auto greedy = ref["greedy"][2].get<std::vector<int32_t>>();
+  TempDir dir;
+  for (const char* mode : {"prefill", "decode", "chunked:7"}) {
+    CommandResult r = run_command(eval("--ids " + ids_of(prompt) + " --mode " + mode + " --greedy 12 --logits '" +
+                                       (dir / "l.bin").string() + "'"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(io::json::parse(r.out)["greedy"].get<std::vector<int32_t>>(), greedy) << mode;
+    std::string got = read_text(dir / "l.bin");
+    std::string want = read_text(kFixture / ref["logits"][2].get<std::string>());
+    ASSERT_EQ(got.size(), want.size()) << mode;
+    const float* g = reinterpret_cast<const float*>(got.data());
+    const float* w = reinterpret_cast<const float*>(want.data());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < want.size() / 4; ++i) {
+      diff += (g[i] - w[i]) * double(g[i] - w[i]);
+      norm += w[i] * double(w[i]);
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-2) << mode;
+  }
+}
+
+TEST(Eval, DumpWritesNamedIntermediates) {
+  TempDir dir;
+  CommandResult r = run_command(eval("--ids 1,2,3,4 --dump '" + (dir / "d").string() + "'"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  io::json manifest = io::read_json_file(dir / "d" / "manifest.json");
+  EXPECT_EQ(manifest["model.layers.0.linear_attn.core"], (std::vector<int64_t>{4, 4, 32}));
+  EXPECT_EQ(manifest["model.layers.3.self_attn.q"], (std::vector<int64_t>{4, 4, 32}));
+  EXPECT_EQ(manifest["logits"], (std::vector<int64_t>{4, 512}));
+  EXPECT_EQ(fs::file_size(dir / "d" / "model.layers.2.mlp.bin"), 4u * 64 * 4);
+}
+
+TEST(Eval, BadArgumentsAreClearErrors) {
+  struct Bad {
+    std::string args, message;
+  };
+  for (const Bad& b : {Bad{"--ids 1,x,3", "--ids: 'x' is not a token id"},
+                       Bad{"--ids 1,512", "--ids: token id 512 is outside the vocabulary (0..511)"},
+                       Bad{"--ids 1,2 --mode sideways", "--mode sideways: expected prefill, decode or chunked:N"},
+                       Bad{"--ids 1,2 --mode chunked:0", "the chunk size must be a positive integer"},
+                       Bad{"--ids 1,2 --mode decode --dump /tmp/x", "--dump needs --mode prefill"},
+                       Bad{"--ids 1,2 --device tpu", "--device tpu"}}) {
+    CommandResult r = run_command(eval(b.args));
+    EXPECT_EQ(r.status, 1) << b.args;
+    EXPECT_THAT(r.err, HasSubstr(b.message)) << b.args;
+  }
+}
+
+}  // namespace
+}  // namespace qinfer::testing
