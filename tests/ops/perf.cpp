@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "backend/cpu/kernels.h"
 #include "core/thread_pool.h"
 #include "ops/harness.h"
 
@@ -50,23 +51,21 @@ int copies_for(double bytes) {
   return static_cast<int>(std::clamp(std::ceil(want / bytes), 1.0, std::max(1.0, std::floor(cap / bytes))));
 }
 
-// Bytes/s of summing a buffer three times the LLC across the pool, and of a parallel memcpy
-// (counting read + write), so an op's GB/s has the machine's own limit next to it.
+// Bytes/s of reading a buffer three times the LLC across the pool (the cpu backend's vector sum of
+// squares, the same loads its kernels issue), and of a parallel memcpy (counting read + write), so
+// an op's GB/s has the machine's own limit next to it.
 std::pair<double, double> bandwidth_probe(ThreadPool& pool) {
-  const size_t words = std::max<size_t>(3 * llc_bytes(), size_t{256} << 20) / 8;
-  std::vector<uint64_t> src(words, 1), dst(words);
-  std::atomic<uint64_t> sink{0};
+  const cpu::Kernels& k = cpu::best_kernels();
+  const size_t n = std::max<size_t>(3 * llc_bytes(), size_t{256} << 20) / 4;
+  std::vector<float> src(n, 1.0f), dst(n);
+  std::atomic<int> sink{0};
   const double read = median_seconds([&](int) {
-    pool.parallel_for(words, [&](size_t b, size_t e) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (size_t i = b; i + 4 <= e; i += 4) s0 += src[i], s1 += src[i + 1], s2 += src[i + 2], s3 += src[i + 3];
-      sink += s0 + s1 + s2 + s3;
-    });
+    pool.parallel_for(n, [&](size_t b, size_t e) { sink += k.sum_sq(&src[b], static_cast<int64_t>(e - b)) > 0.0f; });
   });
   const double copy = median_seconds([&](int) {
-    pool.parallel_for(words, [&](size_t b, size_t e) { std::memcpy(&dst[b], &src[b], (e - b) * 8); });
+    pool.parallel_for(n, [&](size_t b, size_t e) { std::memcpy(&dst[b], &src[b], (e - b) * 4); });
   });
-  return {words * 8.0 / read, 2.0 * words * 8.0 / copy};
+  return {n * 4.0 / read, 2.0 * n * 4.0 / copy};
 }
 
 // Puts a host tensor into the memory of the backend under test.

@@ -77,70 +77,84 @@ void recurrent(const Context& ctx, const HeadView& h, int64_t len, float* S) {
                    std::exp(h.g[t * h.gate_stride]), h.beta[t * h.gate_stride], h.out + t * h.v_stride);
 }
 
+void transpose(const float* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * ld_src + c];
+}
+
 // The chunk form of ref/gated_delta.cpp (derivation there). Per chunk of n tokens with state S0 and
 // cumulative log decay G (in double: nearby G_t − G_u must not lose digits to a large |G|):
-//   A[t,u] = β_t e^{G_t−G_u} (k_t·k_u) for u < t;  (I + A)·[U | W] = [βv | βe^{G}k]  (forward substitution)
+//   A[t,u] = β_t e^{G_t−G_u} (k_t·k_u) for u < t;  T = (I + A)⁻¹;  U = T·(βv);  W = T·(βe^{G}k)
 //   δ = U − W·S0ᵀ;  o_t = e^{G_t}·S0·q_t + Σ_{u≤t} e^{G_t−G_u} (q_t·k_u) δ_u;
 //   S = e^{G_{n−1}}·S0 + Σ_u e^{G_{n−1}−G_u} δ_u k_uᵀ.
+// The state is held transposed (Sᵀ [Dk, Dv]) across the sequence so that every product above is a
+// plain row-major matrix product for the broadcast GEMM kernel.
 void chunked(const Context& ctx, const HeadView& h, int64_t len, float* S) {
-  const int64_t dk = h.dk, dv = h.dv;
+  const int64_t dk = h.dk, dv = h.dv, C = kChunk;
   thread_local std::vector<float> buf;
-  buf.resize(2 * kChunk * kChunk + kChunk * (2 * dv + 3 * dk) + 2 * kChunk);
-  float* KK = buf.data();             // [n, n] k_t·k_u, later A
-  float* QK = KK + kChunk * kChunk;   // [n, n] q_t·k_u
-  float* U = QK + kChunk * kChunk;    // [n, dv] βv solved, then δ
-  float* W = U + kChunk * dv;         // [n, dk] βe^{G}k solved
-  float* Ut = W + kChunk * dk;        // [dv, n] δᵀ
-  float* Kt = Ut + kChunk * dv;       // [dk, n] (e^{G_{n−1}−G_u} k_u)ᵀ
-  float* Kc = Kt + kChunk * dk;       // [n, dk] this chunk's keys, contiguous
-  float* decay = Kc + kChunk * dk;    // [n] e^{G_t}
+  buf.resize(dk * dv + 4 * C * C + C * (3 * dv + 4 * dk) + C);
+  float* St = buf.data();    // [dk, dv]
+  float* KK = St + dk * dv;  // [n, n] k_t·k_u
+  float* QK = KK + C * C;    // [n, n] q_t·k_u, then the masked decayed P
+  float* Tm = QK + C * C;    // [n, n] (I + A)⁻¹
+  float* E = Tm + C * C;     // [n, n] e^{G_t−G_u} for u ≤ t
+  float* Bv = E + C * C;     // [n, dv] βv
+  float* U = Bv + C * dv;    // [n, dv] T·βv, then δ
+  float* Wm = U + C * dv;    // [n, dk] T·βe^{G}k
+  float* Bk = Wm + C * dk;   // [n, dk] βe^{G}k
+  float* Kc = Bk + C * dk;   // [n, dk] the chunk's keys, contiguous
+  float* Kt = Kc + C * dk;   // [dk, n] keys transposed, later scaled by e^{G_{n−1}−G_u}
+  float* decay = Kt + C * dk;  // [n] e^{G_t}
   double G[kChunk];
-  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
-    const int64_t n = std::min(kChunk, len - c0);
+  transpose(S, dv, dk, dk, St);
+  for (int64_t c0 = 0; c0 < len; c0 += C) {
+    const int64_t n = std::min(C, len - c0);
     const float* q = h.q + c0 * h.q_stride;
-    const float* v = h.v + c0 * h.v_stride;
     float* out = h.out + c0 * h.v_stride;
-    const float* beta = h.beta + c0 * h.gate_stride;
     double cumulative = 0.0;
     for (int64_t t = 0; t < n; ++t) {
       G[t] = cumulative += h.g[(c0 + t) * h.gate_stride];
       decay[t] = static_cast<float>(std::exp(G[t]));
+      const float beta = h.beta[(c0 + t) * h.gate_stride];
       std::copy_n(h.k + (c0 + t) * h.q_stride, dk, Kc + t * dk);
+      ctx.k.scale_mul(Kc + t * dk, beta * decay[t], nullptr, Bk + t * dk, dk);
+      ctx.k.scale_mul(h.v + (c0 + t) * h.v_stride, beta, nullptr, Bv + t * dv, dv);
+      float* e = E + t * n;  // row t: e^{G_t−G_u}, u ≤ t, through the vector exp
+      for (int64_t u = 0; u <= t; ++u) e[u] = static_cast<float>(G[t] - G[u]);
+      ctx.k.exp_sub_sum(e, 0.0f, t + 1);
     }
+    transpose(Kc, n, dk, dk, Kt);
+    ctx.k.gemm_nn(n, n, dk, Kc, dk, Kt, n, KK, n, 1.0f, false);
+    ctx.k.gemm_nn(n, n, dk, q, h.q_stride, Kt, n, QK, n, 1.0f, false);
 
-    ctx.k.gemm_nt(n, n, dk, Kc, dk, Kc, DType::f32, dk, KK, n, 1.0f, false);
-    ctx.k.gemm_nt(n, n, dk, q, h.q_stride, Kc, DType::f32, dk, QK, n, 1.0f, false);
+    // T = (I + A)⁻¹ by rows: T[t,:] = e_t − Σ_{u<t} A[t,u]·T[u,:] (T[u,:] is zero past u).
     for (int64_t t = 0; t < n; ++t) {
-      float* u = U + t * dv;
-      float* wt = W + t * dk;
-      ctx.k.scale_mul(v + t * h.v_stride, beta[t * h.gate_stride], nullptr, u, dv);
-      ctx.k.scale_mul(Kc + t * dk, beta[t * h.gate_stride] * decay[t], nullptr, wt, dk);
-      for (int64_t s = 0; s < t; ++s) {
-        const float a = static_cast<float>(beta[t * h.gate_stride] * std::exp(G[t] - G[s]) * KK[t * n + s]);
-        ctx.k.axpy(-a, U + s * dv, u, dv);
-        ctx.k.axpy(-a, W + s * dk, wt, dk);
-      }
+      float* row = Tm + t * n;
+      std::fill_n(row, n, 0.0f);
+      const float beta = h.beta[(c0 + t) * h.gate_stride];
+      for (int64_t u = 0; u < t; ++u) ctx.k.axpy(-beta * E[t * n + u] * KK[t * n + u], Tm + u * n, row, u + 1);
+      row[t] = 1.0f;
     }
-    ctx.k.gemm_nt(n, dv, dk, W, dk, S, DType::f32, dk, U, dv, -1.0f, true);  // δ = U − W·S0ᵀ
+    ctx.k.gemm_nn(n, dv, n, Tm, n, Bv, dv, U, dv, 1.0f, false);
+    ctx.k.gemm_nn(n, dk, n, Tm, n, Bk, dk, Wm, dk, 1.0f, false);
+    ctx.k.gemm_nn(n, dv, dk, Wm, dk, St, dv, U, dv, -1.0f, true);  // δ = U − W·S0ᵀ
 
-    // Outputs: e^{G_t}·S0·q_t, then the causal intra-chunk part.
-    ctx.k.gemm_nt(n, dv, dk, q, h.q_stride, S, DType::f32, dk, out, h.v_stride, 1.0f, false);
+    // Outputs: e^{G_t}·S0·q_t plus the causal intra-chunk part P·δ.
+    ctx.k.gemm_nn(n, dv, dk, q, h.q_stride, St, dv, out, h.v_stride, 1.0f, false);
     for (int64_t t = 0; t < n; ++t) {
-      float* o = out + t * h.v_stride;
-      ctx.k.scale(decay[t], o, dv);
-      for (int64_t s = 0; s <= t; ++s)
-        ctx.k.axpy(static_cast<float>(std::exp(G[t] - G[s]) * QK[t * n + s]), U + s * dv, o, dv);
+      ctx.k.scale(decay[t], out + t * h.v_stride, dv);
+      float* p = QK + t * n;
+      for (int64_t u = 0; u < n; ++u) p[u] = u <= t ? p[u] * E[t * n + u] : 0.0f;
     }
+    ctx.k.gemm_nn(n, dv, n, QK, n, U, dv, out, h.v_stride, 1.0f, true);
 
-    // State, after every output of the chunk has read S0.
-    for (int64_t s = 0; s < n; ++s) {
-      const float f = static_cast<float>(std::exp(G[n - 1] - G[s]));
-      for (int64_t i = 0; i < dv; ++i) Ut[i * n + s] = U[s * dv + i];
-      for (int64_t j = 0; j < dk; ++j) Kt[j * n + s] = f * Kc[s * dk + j];
-    }
-    ctx.k.scale(decay[n - 1], S, dv * dk);
-    ctx.k.gemm_nt(dv, dk, n, Ut, n, Kt, DType::f32, n, S, dk, 1.0f, true);
+    // State, after every output of the chunk has read S0: Sᵀ = e^{G_{n−1}}·S0ᵀ + (e^{G_{n−1}−G}·K)ᵀ·δ.
+    for (int64_t j = 0; j < dk; ++j)
+      for (int64_t u = 0; u < n; ++u) Kt[j * n + u] *= E[(n - 1) * n + u];
+    ctx.k.scale(decay[n - 1], St, dk * dv);
+    ctx.k.gemm_nn(dk, dv, n, Kt, n, U, dv, St, dv, 1.0f, true);
   }
+  transpose(St, dk, dv, dv, S);
 }
 
 }  // namespace

@@ -260,7 +260,7 @@ constexpr int kMR = 4, kNR = 3;
 constexpr int64_t kKC = 1024, kMB = 64;
 // From this many rows of A the packed broadcast path wins: B's conversion and transposition are
 // paid once per M rows instead of once per MR.
-constexpr int64_t kPackMinRows = 8;
+constexpr int64_t kPackMinRows = 32;
 
 template <DType dt>
 void gemm_nt_impl(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const void* Bv, int64_t ldb, float* C,
