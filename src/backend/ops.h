@@ -12,6 +12,7 @@
 
 #include "backend/sampling.h"
 #include "backend/tensor.h"
+#include "quant/quant.h"
 
 namespace qinfer {
 
@@ -47,6 +48,26 @@ struct RopeParams {
   std::vector<int64_t> mrope_section;
 };
 
+// A weight matrix [..., out, in]: dense (f32|bf16|f16), or MLX-quantized codes with per-group scales
+// (quant/quant.h). A dense Tensor converts implicitly, so dense call sites read as before.
+struct Weight {
+  Tensor dense;  // the matrix, when not quantized
+  quant::Layout layout;
+  Tensor codes;           // u32 [..., out, in·bits/32]
+  Tensor scales, biases;  // [..., out, in/group]: affine scales/biases in a float dtype; fp modes u8 codes
+  float global_scale = 0.0f;  // nvfp4's optional global scale (0: none)
+
+  Weight() = default;
+  Weight(Tensor t) : dense(std::move(t)) {}  // NOLINT(google-explicit-constructor)
+  bool quantized() const { return codes.data != nullptr; }
+  std::vector<int64_t> shape() const;  // logical shape [..., out, in]
+  int64_t rows() const;                // product of all dims but the last
+  // Row r (leading dims flattened) as f32: converted, or dequantized. Host weights only.
+  void row_f32(int64_t r, float* out) const;
+  // Bytes a pass over the whole matrix reads (codes + scales + biases when quantized).
+  uint64_t nbytes() const;
+};
+
 enum class GdnAlgorithm { automatic, recurrent, chunked };
 
 class Ops {
@@ -56,10 +77,10 @@ class Ops {
   virtual Device device() const = 0;
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
 
-  // out[t,:] = table[ids[t],:]. ids i32 [T]; table [V,H] f32|bf16|f16; out f32 [T,H].
-  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
-  // y = x · wᵀ. x f32 [T,in]; w [out,in] f32|bf16|f16; y f32 [T,out].
-  virtual void linear(const Tensor& x, const Tensor& w, Tensor& y) = 0;
+  // out[t,:] = table[ids[t],:]. ids i32 [T]; table [V,H] (any Weight: quantized rows dequantize); out f32 [T,H].
+  virtual void embedding(const Tensor& ids, const Weight& table, Tensor& out) = 0;
+  // y = x · wᵀ. x f32 [T,in]; w [out,in] (dense or quantized); y f32 [T,out].
+  virtual void linear(const Tensor& x, const Weight& w, Tensor& y) = 0;
   // y = x / sqrt(mean(x²) + eps) · w over the last dim D. x, y f32 [N,D] (may alias); w f32 [D].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // y = rms_norm(x, w) · silu(z). x, z, y f32 [N,D]; w f32 [D].
@@ -89,8 +110,8 @@ class Ops {
   virtual void moe_route(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) = 0;
   // out[t] = Σ_j weights[t,j] · down_e(silu(gate_e(x[t])) · up_e(x[t])), e = ids[t,j].
   // x f32 [T,H]; gate, up [E,I,H]; down [E,H,I] (f32|bf16|f16); out f32 [T,H] (overwritten).
-  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate,
-                           const Tensor& up, const Tensor& down, Tensor& out) = 0;
+  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Weight& gate,
+                           const Weight& up, const Weight& down, Tensor& out) = 0;
 
   // Gated DeltaNet gates: beta = sigmoid(b); g = −exp(A_log) · softplus(a + dt_bias) (log decay).
   // a, b, g, beta f32 [T,Hv]; A_log, dt_bias f32 [Hv].

@@ -7,6 +7,7 @@ namespace qinfer::cli {
 void add_inspect_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
 
 }  // namespace qinfer::cli
 

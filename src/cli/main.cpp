@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   qinfer::cli::add_inspect_command(app);
   qinfer::cli::add_eval_command(app);
   qinfer::cli::add_bench_command(app);
+  qinfer::cli::add_quantize_command(app);
 #ifdef QINFER_HAVE_CUDA
   add_devices_command(app);
 #endif

@@ -325,6 +325,23 @@ std::vector<std::byte> CanonicalTensor::read_bytes() const {
   return out;
 }
 
+std::vector<std::byte> CanonicalTensor::read_range(uint64_t offset, uint64_t nbytes) const {
+  QINFER_CHECK(offset + nbytes <= this->nbytes(), "tensor '{}': byte range [{}, {}) is past its {} bytes", name, offset,
+               offset + nbytes, this->nbytes());
+  std::vector<std::byte> out(nbytes);
+  uint64_t at = 0, piece_start = 0;
+  for (const Piece& p : pieces) {
+    const uint64_t piece_end = piece_start + p.nbytes;
+    const uint64_t begin = std::max(offset, piece_start), end = std::min(offset + nbytes, piece_end);
+    if (begin < end) {
+      std::memcpy(out.data() + at, p.source->data().data() + p.offset + (begin - piece_start), end - begin);
+      at += end - begin;
+    }
+    piece_start = piece_end;
+  }
+  return out;
+}
+
 std::vector<float> CanonicalTensor::read_f32() const {
   QINFER_CHECK(traits(dtype).is_float, "tensor '{}' has dtype {}, which has no float values", name, qinfer::name(dtype));
   uint64_t count = 1;

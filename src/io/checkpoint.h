@@ -41,6 +41,8 @@ struct CanonicalTensor {
 
   uint64_t nbytes() const;
   std::vector<std::byte> read_bytes() const;
+  // `nbytes` bytes starting `offset` bytes into the tensor (across pieces): row ranges for streaming.
+  std::vector<std::byte> read_range(uint64_t offset, uint64_t nbytes) const;
   // Values as f32 with any due +1 applied; float dtypes only.
   std::vector<float> read_f32() const;
 };

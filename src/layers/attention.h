@@ -12,7 +12,8 @@ namespace qinfer::layers {
 
 struct Attention {
   std::string name;  // canonical prefix, e.g. model.layers.3.self_attn
-  Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+  Weight q_proj, k_proj, v_proj, o_proj;
+  Tensor q_norm, k_norm;
   bool output_gate = false;
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   float eps = 1e-6f;

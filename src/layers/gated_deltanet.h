@@ -14,9 +14,10 @@ namespace qinfer::layers {
 struct GatedDeltaNet {
   std::string name;  // canonical prefix, e.g. model.layers.0.linear_attn
   bool grouped = false;
-  Tensor in_proj_qkvz, in_proj_ba;                      // grouped (Qwen3-Next)
-  Tensor in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // split (Qwen3.5)
-  Tensor conv1d, A_log, dt_bias, norm, out_proj;
+  Weight in_proj_qkvz, in_proj_ba;                      // grouped (Qwen3-Next)
+  Weight in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // split (Qwen3.5)
+  Tensor conv1d, A_log, dt_bias, norm;
+  Weight out_proj;
   int64_t key_heads = 0, value_heads = 0, key_dim = 0, value_dim = 0;
   float eps = 1e-6f;
   int64_t state_index = 0;  // which recurrent-state tensors of the cache this layer uses

@@ -8,7 +8,7 @@ Mlp Mlp::load(const WeightLoader& w, const std::string& prefix) {
 }
 
 void Mlp::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const {
-  const int64_t T = x.dim(0), I = gate_proj.dim(0);
+  const int64_t T = x.dim(0), I = gate_proj.shape()[0];
   Tensor gate = ctx.alloc({T, I}), up = ctx.alloc({T, I});
   ctx.ops.linear(x, gate_proj, gate);
   ctx.ops.linear(x, up_proj, up);
@@ -33,7 +33,7 @@ Moe Moe::load(const WeightLoader& w, const std::string& prefix, const io::TextCo
 
 void Moe::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const {
   Ops& ops = ctx.ops;
-  const int64_t T = x.dim(0), E = router.dim(0);
+  const int64_t T = x.dim(0), E = router.shape()[0];
   Tensor logits = ctx.alloc({T, E});
   ops.linear(x, router, logits);
   Tensor ids = ops.alloc(DType::i32, {T, top_k});

@@ -11,17 +11,17 @@
 namespace qinfer::layers {
 
 struct Mlp {
-  Tensor gate_proj, up_proj, down_proj;
+  Weight gate_proj, up_proj, down_proj;
   static Mlp load(const WeightLoader& w, const std::string& prefix);
   // x f32 [T,H] -> out f32 [T,H]
   void forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const;
 };
 
 struct Moe {
-  Tensor router;  // [E,H]
-  Tensor gate_proj, up_proj, down_proj;  // [E,I,H], [E,I,H], [E,H,I]
+  Weight router;  // [E,H]
+  Weight gate_proj, up_proj, down_proj;  // [E,I,H], [E,I,H], [E,H,I]
   std::optional<Mlp> shared_expert;
-  Tensor shared_expert_gate;  // [1,H]
+  Weight shared_expert_gate;  // [1,H]
   int64_t top_k = 0;
   bool renormalize = true;
   static Moe load(const WeightLoader& w, const std::string& prefix, const io::TextConfig& c);

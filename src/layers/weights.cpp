@@ -6,19 +6,34 @@
 
 namespace qinfer::layers {
 
-Tensor WeightLoader::matrix(const std::string& name) const {
+namespace {
+
+Tensor copy_to(Ops& ops, const io::CanonicalTensor& t) {
+  Tensor out = ops.alloc(t.dtype, t.shape);
+  QINFER_CHECK(out.device == Device::cpu, "weight upload to {} is done by its backend", ops.name());
+  std::vector<std::byte> bytes = t.read_bytes();
+  std::memcpy(out.data, bytes.data(), bytes.size());
+  return out;
+}
+
+}  // namespace
+
+Weight WeightLoader::matrix(const std::string& name) const {
   const io::CanonicalTensor& t = plan_.at(name);
-  QINFER_CHECK(!t.quant, "tensor '{}' is quantized ({}-bit {}); quantized weights are not supported by this build",
-               name, t.quant->bits, t.quant->mode);
+  if (t.quant) {
+    const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
+    Weight w;
+    w.layout = quant::Layout{quant::parse_mode(t.quant->mode), t.quant->bits, t.quant->group_size};
+    w.codes = copy_to(ops_, t);
+    w.scales = copy_to(ops_, plan_.at(base + ".scales"));
+    if (w.layout.mode == quant::Mode::affine) w.biases = copy_to(ops_, plan_.at(base + ".biases"));
+    return w;
+  }
   QINFER_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16,
                "tensor '{}' ({}) has dtype {}; matrices must be f32, bf16 or f16", name, t.sources.front(),
                qinfer::name(t.dtype));
   if (t.add_one) return vector(name);
-  Tensor out = ops_.alloc(t.dtype, t.shape);
-  QINFER_CHECK(out.device == Device::cpu, "weight upload to {} is done by its backend", ops_.name());
-  std::vector<std::byte> bytes = t.read_bytes();
-  std::memcpy(out.data, bytes.data(), bytes.size());
-  return out;
+  return copy_to(ops_, t);
 }
 
 Tensor WeightLoader::vector(const std::string& name) const {

@@ -1,6 +1,6 @@
 #pragma once
-// Moves canonical checkpoint tensors onto a backend: matrices keep their stored dtype (bf16 stays
-// bf16: decode streams it), vectors (norm gains, conv kernels, gates' parameters) become f32 with
+// Moves canonical checkpoint tensors onto a backend: matrices keep their stored form (bf16 stays
+// bf16, MLX-quantized stays packed: decode streams it), vectors (norm gains, conv kernels, gates' parameters) become f32 with
 // any due +1 applied.
 #include <string>
 
@@ -12,7 +12,8 @@ namespace qinfer::layers {
 class WeightLoader {
  public:
   WeightLoader(const io::NormalizationPlan& plan, Ops& ops) : plan_(plan), ops_(ops) {}
-  Tensor matrix(const std::string& name) const;
+  // A matrix as stored: dense (f32|bf16|f16) or MLX-quantized (codes + scales [+ biases]).
+  Weight matrix(const std::string& name) const;
   Tensor vector(const std::string& name) const;  // any shape, as f32
   bool has(const std::string& name) const { return plan_.find(name) != nullptr; }
 

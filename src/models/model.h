@@ -45,7 +45,8 @@ class Model {
  private:
   io::TextConfig config_;
   Ops& ops_;
-  Tensor embed_tokens, final_norm, lm_head;  // lm_head aliases embed_tokens when tied
+  Weight embed_tokens, lm_head;  // lm_head is embed_tokens when tied (dequantized rows / packed head alike)
+  Tensor final_norm;
   std::vector<DecoderLayer> layers_;
 };
 

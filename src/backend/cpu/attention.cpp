@@ -1,7 +1,8 @@
-// Paged causal GQA attention with an online softmax. One work item is (sequence, kv head, block of
-// query tokens, range of keys): its rows are every query head of the group for every token of the
-// block, so each key / value row is read from memory once per item and reused from cache by all of
-// them. Long contexts with few items (decode) are split along the keys and merged afterwards.
+// Paged causal GQA attention with an online softmax. One work item is (sequence, block of query
+// tokens, range of keys) over every head: a token's keys for all kv heads are one contiguous row of
+// the pool, so an item streams its pages front to back (prefetcher-friendly) and each key / value is
+// read from memory once and reused from cache by every query head of its group. Long contexts with
+// few items (decode) are split along the keys and merged afterwards.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,9 +18,9 @@ constexpr int64_t kKeyTile = 64;       // keys per softmax update
 constexpr int64_t kMinSplitKeys = 512;  // keys below which splitting a row's range does not pay
 
 struct Item {
-  int64_t seq, kv_head, t0, t1;  // tokens [t0, t1) of the sequence (indices within it)
-  int64_t k0, k1;                // key positions [k0, k1)
-  int64_t partial;               // first row of this item's partial results
+  int64_t seq, t0, t1;  // tokens [t0, t1) of the sequence (indices within it)
+  int64_t k0, k1;       // key positions [k0, k1)
+  int64_t partial;      // first row of this item's partial results: rows are (token, head)
 };
 
 struct Geometry {
@@ -30,18 +31,30 @@ struct Geometry {
   const int32_t* block_table;
 };
 
-// Runs one item: for each row, m (running max), l (running sum) and acc[head_dim] (unnormalised
-// output) over the item's keys, written to partial rows [m, l, acc...].
+// Asks for keys [from, to) of every head (whole pool rows) ahead of use: pages are scattered, so the
+// hardware prefetcher loses the stream at every page boundary.
+void prefetch_tile(const Geometry& g, const int32_t* table, int64_t from, int64_t to) {
+  const int64_t row_bytes = g.kv_heads * g.head_dim * 4;
+  for (int64_t p = from; p < to;) {
+    const int64_t off = p % g.block_size, n = std::min(g.block_size - off, to - p);
+    const int64_t first = (table[p / g.block_size] * g.block_size + off) * row_bytes;
+    for (const float* pool : {g.k, g.v}) {
+      const char* base = reinterpret_cast<const char*>(pool) + first;
+      for (int64_t b = 0; b < n * row_bytes; b += 64) __builtin_prefetch(base + b);
+    }
+    p += n;
+  }
+}
+
+// Runs one item: for each row (token, head), m (running max), l (running sum) and acc[head_dim]
+// (unnormalised output) over the item's keys, written to partial rows [m, l, acc...].
 void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq_start, int64_t cached, float scale,
               float* partial) {
-  const int64_t hd = g.head_dim, G = g.group, rows = (it.t1 - it.t0) * G, width = hd + 2;
+  const int64_t hd = g.head_dim, H = g.heads, rows = (it.t1 - it.t0) * H, width = hd + 2;
   const int64_t row_stride = g.kv_heads * hd;
   thread_local std::vector<float> qs, scores;
   qs.resize(rows * hd), scores.resize(kKeyTile);
-  for (int64_t ti = it.t0; ti < it.t1; ++ti)
-    for (int64_t h = 0; h < G; ++h)
-      ctx.k.scale_mul(g.q + ((seq_start + ti) * g.heads + it.kv_head * G + h) * hd, scale, nullptr,
-                      qs.data() + ((ti - it.t0) * G + h) * hd, hd);
+  ctx.k.scale_mul(g.q + (seq_start + it.t0) * H * hd, scale, nullptr, qs.data(), rows * hd);
   for (int64_t r = 0; r < rows; ++r) {
     float* p = partial + r * width;
     p[0] = -std::numeric_limits<float>::infinity(), p[1] = 0.0f;
@@ -49,38 +62,46 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
   }
   const int32_t* table = g.block_table + it.seq * g.max_blocks;
   const int64_t key_end = std::min(it.k1, cached + it.t1);  // the last token of the block sees the most keys
-  const int64_t kv_offset = it.kv_head * hd;
   // Calls fn(row pointer, count, offset within the range) for each run of keys [from, to) inside one page.
   auto for_pages = [&](const float* pool, int64_t from, int64_t to, auto&& fn) {
     for (int64_t p = from; p < to;) {
       const int64_t off = p % g.block_size, n = std::min(g.block_size - off, to - p);
-      fn(pool + (table[p / g.block_size] * g.block_size + off) * row_stride + kv_offset, n, p - from);
+      fn(pool + (table[p / g.block_size] * g.block_size + off) * row_stride, n, p - from);
       p += n;
     }
   };
   for (int64_t kt = it.k0; kt < key_end; kt += kKeyTile) {
     const int64_t tile_end = std::min(kt + kKeyTile, key_end);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n_ctx = cached + it.t0 + r / G + 1;  // keys [0, n_ctx) are visible to this row
-      const int64_t end = std::min(n_ctx, tile_end);
-      if (end <= kt) continue;
-      const float* qr = qs.data() + r * hd;
-      float* s = scores.data();
-      for_pages(g.k, kt, end, [&](const float* k, int64_t n, int64_t at) {
-        ctx.k.dots_strided(qr, k, n, row_stride, hd, s + at);
-      });
-      float* p = partial + r * width;
-      const float tile_max = ctx.k.max(s, end - kt);
-      if (tile_max > p[0]) {
-        const float correction = std::exp(p[0] - tile_max);  // 0 on the first tile (m = −inf)
-        p[1] *= correction;
-        ctx.k.scale(correction, p + 2, hd);
-        p[0] = tile_max;
+    prefetch_tile(g, table, tile_end, std::min(tile_end + kKeyTile, key_end));
+    // kv head outermost within the tile: the tile's pages are walked front to back per head, and
+    // the other heads' lines of the same pages are still in cache for the next head.
+    for (int64_t kvh = 0; kvh < g.kv_heads; ++kvh) {
+      const int64_t kv_offset = kvh * hd;
+      for (int64_t ti = it.t0; ti < it.t1; ++ti) {
+        const int64_t n_ctx = cached + ti + 1;  // keys [0, n_ctx) are visible to this token
+        const int64_t end = std::min(n_ctx, tile_end);
+        if (end <= kt) continue;
+        for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
+          const int64_t r = (ti - it.t0) * H + h;
+          const float* qr = qs.data() + r * hd;
+          float* s = scores.data();
+          for_pages(g.k, kt, end, [&](const float* k, int64_t n, int64_t at) {
+            ctx.k.dots_strided(qr, k + kv_offset, n, row_stride, hd, s + at);
+          });
+          float* p = partial + r * width;
+          const float tile_max = ctx.k.max(s, end - kt);
+          if (tile_max > p[0]) {
+            const float correction = std::exp(p[0] - tile_max);  // 0 on the first tile (m = −inf)
+            p[1] *= correction;
+            ctx.k.scale(correction, p + 2, hd);
+            p[0] = tile_max;
+          }
+          p[1] += ctx.k.exp_sub_sum(s, p[0], end - kt);
+          for_pages(g.v, kt, end, [&](const float* v, int64_t n, int64_t at) {
+            ctx.k.axpys_strided(s + at, v + kv_offset, n, row_stride, hd, p + 2);
+          });
+        }
       }
-      p[1] += ctx.k.exp_sub_sum(s, p[0], end - kt);
-      for_pages(g.v, kt, end, [&](const float* v, int64_t n, int64_t at) {
-        ctx.k.axpys_strided(s + at, v, n, row_stride, hd, p + 2);
-      });
     }
   }
 }
@@ -128,12 +149,12 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
 
   const int64_t group = heads / kv_heads;
   int64_t base_items = 0;
-  for (int64_t s = 0; s < S; ++s) base_items += kv_heads * ((cu[s + 1] - cu[s] + kQueryBlock - 1) / kQueryBlock);
+  for (int64_t s = 0; s < S; ++s) base_items += (cu[s + 1] - cu[s] + kQueryBlock - 1) / kQueryBlock;
   // Split keys only while there are fewer items than threads to keep busy.
   const int64_t want_splits = std::max<int64_t>(1, (2 * static_cast<int64_t>(ctx.pool.size()) + base_items - 1) / base_items);
 
   std::vector<Item> items;
-  std::vector<std::pair<int64_t, int64_t>> groups;  // items [first, last) that share (seq, kv head, block)
+  std::vector<std::pair<int64_t, int64_t>> groups;  // items [first, last) that share (seq, token block)
   int64_t partial_rows = 0;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t len = cu[s + 1] - cu[s], cached = layout.cached[s];
@@ -141,15 +162,13 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
       const int64_t t1 = std::min(len, t0 + kQueryBlock), n_keys = cached + t1;
       const int64_t tiles = (n_keys + kKeyTile - 1) / kKeyTile;
       const int64_t splits = std::clamp<int64_t>(n_keys / kMinSplitKeys, 1, want_splits);
-      for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-        const int64_t first = static_cast<int64_t>(items.size());
-        for (int64_t p = 0; p < splits; ++p) {
-          const int64_t k0 = tiles * p / splits * kKeyTile, k1 = std::min(n_keys, tiles * (p + 1) / splits * kKeyTile);
-          items.push_back({s, kvh, t0, t1, k0, k1, partial_rows});
-          partial_rows += (t1 - t0) * group;
-        }
-        groups.push_back({first, static_cast<int64_t>(items.size())});
+      const int64_t first = static_cast<int64_t>(items.size());
+      for (int64_t p = 0; p < splits; ++p) {
+        const int64_t k0 = tiles * p / splits * kKeyTile, k1 = std::min(n_keys, tiles * (p + 1) / splits * kKeyTile);
+        items.push_back({s, t0, t1, k0, k1, partial_rows});
+        partial_rows += (t1 - t0) * heads;
       }
+      groups.push_back({first, static_cast<int64_t>(items.size())});
     }
   }
 
@@ -169,10 +188,9 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
     for (int64_t gi = g0; gi < g1; ++gi) {
       const auto [first, last] = groups[gi];
       const Item& it0 = items[first];
-      const int64_t rows = (it0.t1 - it0.t0) * group;
+      const int64_t rows = (it0.t1 - it0.t0) * heads;
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t ti = it0.t0 + r / group, h = it0.kv_head * group + r % group;
-        float* o = out.ptr<float>() + ((cu[it0.seq] + ti) * heads + h) * hd;
+        float* o = out.ptr<float>() + ((cu[it0.seq] + it0.t0) * heads + r) * hd;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t i = first; i < last; ++i) m = std::max(m, partial[(items[i].partial + r) * width]);
         float l = 0.0f;

@@ -89,9 +89,21 @@ class CpuOps final : public Ops {
     return host_tensor(dtype, std::move(shape));
   }
 
-  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override {
+  void embedding(const Tensor& ids, const Weight& weight, Tensor& out) override {
     check_tensor("embedding", "ids", ids, 1);
     QINFER_CHECK(ids.dtype == DType::i32, "cpu embedding: ids must be i32, got {}", qinfer::name(ids.dtype));
+    if (weight.quantized()) {
+      check_quantized("embedding", "table", weight, 2);
+      const int64_t T = ids.dim(0), V = weight.shape()[0], H = weight.shape()[1];
+      check_f32("embedding", "out", out, 2);
+      check_shape("embedding", "out", out, {T, H});
+      const int32_t* id = ids.ptr<int32_t>();
+      for (int64_t t = 0; t < T; ++t)
+        QINFER_CHECK(id[t] >= 0 && id[t] < V, "cpu embedding: ids[{}] = {} is outside the table's {} rows", t, id[t], V);
+      for (int64_t t = 0; t < T; ++t) weight.row_f32(id[t], out.ptr<float>() + t * H);
+      return;
+    }
+    const Tensor& table = weight.dense;
     check_weight("embedding", "table", table, 2);
     const int64_t T = ids.dim(0), V = table.dim(0), H = table.dim(1);
     check_f32("embedding", "out", out, 2);
@@ -106,8 +118,19 @@ class CpuOps final : public Ops {
     });
   }
 
-  void linear(const Tensor& x, const Tensor& w, Tensor& y) override {
+  void linear(const Tensor& x, const Weight& weight, Tensor& y) override {
     check_f32("linear", "x", x, 2);
+    if (weight.quantized()) {
+      check_quantized("linear", "w", weight, 2);
+      const int64_t T = x.dim(0), in = x.dim(1), out = weight.shape()[0];
+      QINFER_CHECK(weight.shape()[1] == in, "cpu linear: quantized w does not take inputs of width {}", in);
+      check_f32("linear", "y", y, 2);
+      check_shape("linear", "y", y, {T, out});
+      QINFER_CHECK(y.data != x.data || y.numel() == 0, "cpu linear: y must not alias x");
+      cpu::linear_quantized(ctx_, x, weight, y);
+      return;
+    }
+    const Tensor& w = weight.dense;
     check_weight("linear", "w", w, 2);
     const int64_t T = x.dim(0), in = x.dim(1), out = w.dim(0);
     QINFER_CHECK(w.dim(1) == in, "cpu linear: w {} does not take inputs of width {}", shape_str(w.shape), in);
@@ -301,9 +324,19 @@ class CpuOps final : public Ops {
     });
   }
 
-  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate, const Tensor& up,
-                   const Tensor& down, Tensor& out) override {
-    cpu::moe_experts(ctx_, x, ids, weights, gate, up, down, out);
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Weight& gate, const Weight& up,
+                   const Weight& down, Tensor& out) override {
+    if (gate.quantized() || up.quantized() || down.quantized()) {
+      check_f32("moe_experts", "x", x, 2);
+      check_f32("moe_experts", "out", out, 2);
+      check_shape("moe_experts", "out", out, x.shape);
+      QINFER_CHECK(out.data != x.data || out.numel() == 0, "cpu moe_experts: out must not alias x");
+      QINFER_CHECK(ids.dtype == DType::i32 && ids.rank() == 2 && ids.dim(0) == x.dim(0),
+                   "cpu moe_experts: ids must be i32 [{}, k]", x.dim(0));
+      cpu::moe_experts_quantized(ctx_, x, ids, weights, gate, up, down, out);
+      return;
+    }
+    cpu::moe_experts(ctx_, x, ids, weights, gate.dense, up.dense, down.dense, out);
   }
 
   void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g,

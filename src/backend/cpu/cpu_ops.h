@@ -36,6 +36,11 @@ void gemm_rows(const Context& ctx, int64_t M, int64_t n0, int64_t n1, int64_t K,
 
 void moe_experts(const Context& ctx, const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate,
                  const Tensor& up, const Tensor& down, Tensor& out);
+// MLX-quantized weights (quantized.cpp).
+void check_quantized(std::string_view op, std::string_view arg, const Weight& w, int rank);
+void linear_quantized(const Context& ctx, const Tensor& x, const Weight& w, Tensor& y);
+void moe_experts_quantized(const Context& ctx, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                           const Weight& gate, const Weight& up, const Weight& down, Tensor& out);
 void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const AttentionLayout& layout, float scale,
                Tensor& out);
 void conv1d_causal(const Context& ctx, const Tensor& x, const Tensor& w, const SeqLayout& layout, Tensor& conv_state,

@@ -114,28 +114,32 @@ void tile(int64_t kc, const float* A, int64_t lda, const char* B, int64_t ldb, f
   }
 }
 
-// Decode GEMV (one row of A): four B rows at a time with two accumulators each, so eight FMA chains
-// are in flight while the weights stream from memory.
+// Decode GEMV (one row of A): eight B rows at a time, one accumulator each, so eight weight streams
+// and eight FMA chains are in flight. The next eight rows (`next`, or null) are prefetched line by
+// line alongside: rows of a few KiB are too short for the hardware prefetcher to ramp up on.
 template <DType dt>
-void gemv_tile4(int64_t kc, const float* a, const char* B, int64_t ldb, float* c, float alpha, bool overwrite) {
+void gemv_tile8(int64_t K, const float* a, const char* B, int64_t ldb, const char* next, float* c, float alpha,
+                bool overwrite) {
   constexpr int64_t eb = elem_bytes<dt>();
-  __m256 acc0[4], acc1[4];
-  for (int j = 0; j < 4; ++j) acc0[j] = acc1[j] = _mm256_setzero_ps();
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
   int64_t k = 0;
-  for (; k + 16 <= kc; k += 16) {
-    const __m256 a0 = _mm256_loadu_ps(a + k), a1 = _mm256_loadu_ps(a + k + 8);
-    for (int j = 0; j < 4; ++j) {
-      acc0[j] = _mm256_fmadd_ps(a0, load8<dt>(B + (j * ldb + k) * eb), acc0[j]);
-      acc1[j] = _mm256_fmadd_ps(a1, load8<dt>(B + (j * ldb + k + 8) * eb), acc1[j]);
+  for (; k + 8 <= K; k += 8) {
+    if (next != nullptr && ((k * eb) & 63) == 0) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) _mm_prefetch(next + (j * ldb + k) * eb, _MM_HINT_T0);
     }
-  }
-  for (; k + 8 <= kc; k += 8) {
     const __m256 a0 = _mm256_loadu_ps(a + k);
-    for (int j = 0; j < 4; ++j) acc0[j] = _mm256_fmadd_ps(a0, load8<dt>(B + (j * ldb + k) * eb), acc0[j]);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(a0, load8<dt>(B + (j * ldb + k) * eb), acc[j]);
   }
-  for (int j = 0; j < 4; ++j) {
-    float s = hsum(_mm256_add_ps(acc0[j], acc1[j]));
-    for (int64_t t = k; t < kc; ++t) s += a[t] * load1<dt>(B + j * ldb * eb, t);
+  alignas(32) float sums[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) sums[j] = hsum(acc[j]);
+  for (int j = 0; j < 8; ++j) {
+    float s = sums[j];
+    for (int64_t t = k; t < K; ++t) s += a[t] * load1<dt>(B + j * ldb * eb, t);
     c[j] = overwrite ? alpha * s : c[j] + alpha * s;
   }
 }
@@ -281,15 +285,21 @@ void gemm_nt_impl(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
     return;
   }
   if (M >= kPackMinRows) return gemm_nt_packed<dt>(M, N, K, A, lda, B, ldb, C, ldc, alpha, accumulate);
+  if (M == 1) {  // one x row fits in L1 whatever K is: stream each weight row once, front to back
+    int64_t n = 0;
+    for (; n + 8 <= N; n += 8) {
+      const char* next = n + 16 <= N ? B + (n + 8) * ldb * eb : nullptr;
+      gemv_tile8<dt>(K, A, B + n * ldb * eb, ldb, next, C + n, alpha, !accumulate);
+    }
+    for (; n < N; n += kNR) {
+      const int nr = static_cast<int>(min64(kNR, N - n));
+      tiles[0][nr - 1](K, A, lda, B + n * ldb * eb, ldb, C + n, ldc, alpha, !accumulate);
+    }
+    return;
+  }
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kc = min64(kKC, K - k0);
     const bool overwrite = k0 == 0 && !accumulate;
-    if (M == 1) {
-      int64_t n = 0;
-      for (; n + 4 <= N; n += 4) gemv_tile4<dt>(kc, A + k0, B + (n * ldb + k0) * eb, ldb, C + n, alpha, overwrite);
-      for (; n < N; ++n) tile<dt, 1, 1>(kc, A + k0, lda, B + (n * ldb + k0) * eb, ldb, C + n, ldc, alpha, overwrite);
-      continue;
-    }
     for (int64_t m0 = 0; m0 < M; m0 += kMB) {
       const int64_t m1 = min64(M, m0 + kMB);
       for (int64_t n = 0; n < N; n += kNR) {
@@ -481,51 +491,47 @@ void rope_rotate(float* x, const float* cos, const float* sin, int64_t half) {
   }
 }
 
-// Four keys per pass share each load of q and give four independent FMA chains.
+// Four keys per pass share each load of q; two accumulators per key keep eight FMA chains in flight.
 void dots_strided(const float* q, const float* k, int64_t n_keys, int64_t k_stride, int64_t d, float* out) {
   int64_t j = 0;
   for (; j + 4 <= n_keys; j += 4) {
-    const float* k0 = k + j * k_stride;
-    const float *k1 = k0 + k_stride, *k2 = k1 + k_stride, *k3 = k2 + k_stride;
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    const float* kr[4] = {k + j * k_stride, k + (j + 1) * k_stride, k + (j + 2) * k_stride, k + (j + 3) * k_stride};
+    __m256 s[4][2];
+    for (int r = 0; r < 4; ++r) s[r][0] = s[r][1] = _mm256_setzero_ps();
     int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+      const __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+      for (int r = 0; r < 4; ++r) {
+        s[r][0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kr[r] + i), s[r][0]);
+        s[r][1] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kr[r] + i + 8), s[r][1]);
+      }
+    }
     for (; i + 8 <= d; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      s0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), s0);
-      s1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), s1);
-      s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), s2);
-      s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), s3);
+      const __m256 q0 = _mm256_loadu_ps(q + i);
+      for (int r = 0; r < 4; ++r) s[r][0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kr[r] + i), s[r][0]);
     }
-    float r0 = hsum(s0), r1 = hsum(s1), r2 = hsum(s2), r3 = hsum(s3);
-    for (; i < d; ++i) {
-      r0 += q[i] * k0[i];
-      r1 += q[i] * k1[i];
-      r2 += q[i] * k2[i];
-      r3 += q[i] * k3[i];
+    for (int r = 0; r < 4; ++r) {
+      float v = hsum(_mm256_add_ps(s[r][0], s[r][1]));
+      for (int64_t t = i; t < d; ++t) v += q[t] * kr[r][t];
+      out[j + r] = v;
     }
-    out[j] = r0, out[j + 1] = r1, out[j + 2] = r2, out[j + 3] = r3;
   }
   for (; j < n_keys; ++j) out[j] = dot(q, k + j * k_stride, d);
 }
 
-// Thirty-two features of acc stay in registers while every key's value row is added in.
+// Sixty-four features of acc stay in eight registers (eight FMA chains) while every key's value row
+// is added in.
 void axpys_strided(const float* p, const float* v, int64_t n_keys, int64_t v_stride, int64_t d, float* acc) {
   int64_t i = 0;
-  for (; i + 32 <= d; i += 32) {
-    __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+  for (; i + 64 <= d; i += 64) {
+    __m256 a[8];
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_loadu_ps(acc + i + 8 * r);
     for (int64_t j = 0; j < n_keys; ++j) {
       const __m256 pj = _mm256_set1_ps(p[j]);
       const float* vj = v + j * v_stride + i;
-      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
-      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+      for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * r), a[r]);
     }
-    _mm256_storeu_ps(acc + i, a0);
-    _mm256_storeu_ps(acc + i + 8, a1);
-    _mm256_storeu_ps(acc + i + 16, a2);
-    _mm256_storeu_ps(acc + i + 24, a3);
+    for (int r = 0; r < 8; ++r) _mm256_storeu_ps(acc + i + 8 * r, a[r]);
   }
   for (; i + 8 <= d; i += 8) {
     __m256 a0 = _mm256_loadu_ps(acc + i);
@@ -537,7 +543,7 @@ void axpys_strided(const float* p, const float* v, int64_t n_keys, int64_t v_str
 }
 
 // Two passes over each state row (it stays in L1 between them): S·k first, then the decayed
-// rank-1 update fused with the output dot product.
+// rank-1 update fused with the output dot product, four accumulators per pass.
 void gdn_step(float* S, int64_t Dv, int64_t Dk, const float* q, const float* k, const float* v, float decay, float beta,
               float* o) {
   const __m256 dv = _mm256_set1_ps(decay);
@@ -545,23 +551,22 @@ void gdn_step(float* S, int64_t Dv, int64_t Dk, const float* q, const float* k, 
     float* row = S + i * Dk;
     const float delta = beta * (v[i] - decay * dot(row, k, Dk));
     const __m256 dl = _mm256_set1_ps(delta);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t j = 0;
-    for (; j + 16 <= Dk; j += 16) {
-      const __m256 r0 = _mm256_fmadd_ps(dl, _mm256_loadu_ps(k + j), _mm256_mul_ps(dv, _mm256_loadu_ps(row + j)));
-      const __m256 r1 =
-          _mm256_fmadd_ps(dl, _mm256_loadu_ps(k + j + 8), _mm256_mul_ps(dv, _mm256_loadu_ps(row + j + 8)));
-      _mm256_storeu_ps(row + j, r0);
-      _mm256_storeu_ps(row + j + 8, r1);
-      acc0 = _mm256_fmadd_ps(r0, _mm256_loadu_ps(q + j), acc0);
-      acc1 = _mm256_fmadd_ps(r1, _mm256_loadu_ps(q + j + 8), acc1);
+    for (; j + 32 <= Dk; j += 32) {
+      for (int r = 0; r < 4; ++r) {
+        const int64_t at = j + 8 * r;
+        const __m256 x = _mm256_fmadd_ps(dl, _mm256_loadu_ps(k + at), _mm256_mul_ps(dv, _mm256_loadu_ps(row + at)));
+        _mm256_storeu_ps(row + at, x);
+        acc[r] = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + at), acc[r]);
+      }
     }
     for (; j + 8 <= Dk; j += 8) {
-      const __m256 r0 = _mm256_fmadd_ps(dl, _mm256_loadu_ps(k + j), _mm256_mul_ps(dv, _mm256_loadu_ps(row + j)));
-      _mm256_storeu_ps(row + j, r0);
-      acc0 = _mm256_fmadd_ps(r0, _mm256_loadu_ps(q + j), acc0);
+      const __m256 x = _mm256_fmadd_ps(dl, _mm256_loadu_ps(k + j), _mm256_mul_ps(dv, _mm256_loadu_ps(row + j)));
+      _mm256_storeu_ps(row + j, x);
+      acc[0] = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + j), acc[0]);
     }
-    float s = hsum(_mm256_add_ps(acc0, acc1));
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; j < Dk; ++j) {
       row[j] = decay * row[j] + delta * k[j];
       s += row[j] * q[j];

@@ -50,6 +50,27 @@ void check_distinct(std::string_view op, std::string_view a_name, const Tensor& 
 
 // cu_seqlens starts at 0, never decreases and ends at `tokens`; with `slots` >= 0 every sequence
 // also names a distinct state slot below it (two sequences sharing a slot would race on it).
+// A dense weight is checked like a tensor; a quantized one by its logical shape, its layout and the
+// shapes of its scales / biases.
+void check_weight(std::string_view op, std::string_view arg, const Weight& w, const std::vector<int64_t>& shape) {
+  if (!w.quantized()) return check_tensor(op, arg, w.dense, kWeight, shape);
+  quant::validate(w.layout);
+  const std::vector<int64_t> logical = w.shape();
+  bool ok = logical.size() == shape.size() && w.codes.dtype == DType::u32 && w.codes.device == Device::cpu &&
+            logical.back() % w.layout.group_size == 0;
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] == kAny || shape[i] == logical[i];
+  if (!ok) fail("ref {}: {} must be quantized {}, got codes {} {} ({}-bit)", op, arg, shape_str(shape),
+                name(w.codes.dtype), shape_str(w.codes.shape), w.layout.bits);
+  std::vector<int64_t> grouped = logical;
+  grouped.back() /= w.layout.group_size;
+  const bool affine = w.layout.mode == quant::Mode::affine;
+  const DType float_scales[] = {DType::f32, DType::bf16, DType::f16};
+  const DType code_scales[] = {DType::u8};
+  check_tensor(op, std::string(arg) + ".scales", w.scales, affine ? std::span<const DType>(float_scales)
+                                                                  : std::span<const DType>(code_scales), grouped);
+  if (affine) check_tensor(op, std::string(arg) + ".biases", w.biases, float_scales, grouped);
+}
+
 void check_seqs(std::string_view op, const SeqLayout& layout, int64_t tokens, int64_t slots) {
   const auto& cu = layout.cu_seqlens;
   QINFER_CHECK(!cu.empty() && cu[0] == 0, "ref {}: layout.cu_seqlens must start with 0", op);
@@ -73,13 +94,6 @@ double dot(const float* a, const float* b, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
   return s;
-}
-
-// Row `row` of a weight viewed as [rows, cols], converted to f32 by core's exact converters.
-void load_row(const Tensor& w, int64_t row, int64_t cols, float* dst) {
-  const auto* base = static_cast<const char*>(w.data);
-  convert_to_f32(w.dtype, base + storage_bytes(w.dtype, static_cast<uint64_t>(row * cols)), dst,
-                 static_cast<uint64_t>(cols));
 }
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
@@ -129,28 +143,28 @@ class RefOps final : public Ops {
     return host_tensor(dtype, std::move(shape));
   }
 
-  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override {
+  void embedding(const Tensor& ids, const Weight& table, Tensor& out) override {
     check_tensor("embedding", "ids", ids, kI32, {kAny});
-    check_tensor("embedding", "table", table, kWeight, {kAny, kAny});
-    const int64_t T = ids.dim(0), V = table.dim(0), H = table.dim(1);
+    check_weight("embedding", "table", table, {kAny, kAny});
+    const int64_t T = ids.dim(0), V = table.shape()[0], H = table.shape()[1];
     check_tensor("embedding", "out", out, kF32, {T, H});
     for (int64_t t = 0; t < T; ++t) {
       const int32_t id = ids.ptr<int32_t>()[t];
       QINFER_CHECK(id >= 0 && id < V, "ref embedding: ids[{}] = {} is outside the table's {} rows", t, id, V);
-      load_row(table, id, H, out.ptr<float>() + t * H);
+      table.row_f32(id, out.ptr<float>() + t * H);
     }
   }
 
-  void linear(const Tensor& x, const Tensor& w, Tensor& y) override {
+  void linear(const Tensor& x, const Weight& w, Tensor& y) override {
     check_tensor("linear", "x", x, kF32, {kAny, kAny});
     const int64_t T = x.dim(0), in = x.dim(1);
-    check_tensor("linear", "w", w, kWeight, {kAny, in});
-    const int64_t out = w.dim(0);
+    check_weight("linear", "w", w, {kAny, in});
+    const int64_t out = w.shape()[0];
     check_tensor("linear", "y", y, kF32, {T, out});
     check_distinct("linear", "y", y, "x", x);
     std::vector<float> row(in);
     for (int64_t o = 0; o < out; ++o) {
-      load_row(w, o, in, row.data());
+      w.row_f32(o, row.data());
       for (int64_t t = 0; t < T; ++t)
         y.ptr<float>()[t * out + o] = static_cast<float>(dot(x.ptr<float>() + t * in, row.data(), in));
     }
@@ -340,17 +354,17 @@ class RefOps final : public Ops {
     }
   }
 
-  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate, const Tensor& up,
-                   const Tensor& down, Tensor& out) override {
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Weight& gate, const Weight& up,
+                   const Weight& down, Tensor& out) override {
     check_tensor("moe_experts", "x", x, kF32, {kAny, kAny});
     const int64_t T = x.dim(0), H = x.dim(1);
     check_tensor("moe_experts", "ids", ids, kI32, {T, kAny});
     const int64_t k = ids.dim(1);
     check_tensor("moe_experts", "weights", weights, kF32, {T, k});
-    check_tensor("moe_experts", "gate", gate, kWeight, {kAny, kAny, H});
-    const int64_t E = gate.dim(0), I = gate.dim(1);
-    check_tensor("moe_experts", "up", up, kWeight, {E, I, H});
-    check_tensor("moe_experts", "down", down, kWeight, {E, H, I});
+    check_weight("moe_experts", "gate", gate, {kAny, kAny, H});
+    const int64_t E = gate.shape()[0], I = gate.shape()[1];
+    check_weight("moe_experts", "up", up, {E, I, H});
+    check_weight("moe_experts", "down", down, {E, H, I});
     check_tensor("moe_experts", "out", out, kF32, {T, H});
     check_distinct("moe_experts", "out", out, "x", x);
     std::vector<float> w_row(std::max(H, I)), act(I);
@@ -362,14 +376,14 @@ class RefOps final : public Ops {
         const int32_t e = ids.ptr<int32_t>()[t * k + j];
         QINFER_CHECK(e >= 0 && e < E, "ref moe_experts: ids[{}, {}] = {} is outside the {} experts", t, j, e, E);
         for (int64_t i = 0; i < I; ++i) {
-          load_row(gate, e * I + i, H, w_row.data());
+          gate.row_f32(e * I + i, w_row.data());
           const float g = static_cast<float>(dot(xt, w_row.data(), H));
-          load_row(up, e * I + i, H, w_row.data());
+          up.row_f32(e * I + i, w_row.data());
           act[i] = silu(g) * static_cast<float>(dot(xt, w_row.data(), H));
         }
         const float weight = weights.ptr<float>()[t * k + j];
         for (int64_t o = 0; o < H; ++o) {
-          load_row(down, e * H + o, I, w_row.data());
+          down.row_f32(e * H + o, w_row.data());
           sum[o] += static_cast<double>(weight) * static_cast<float>(dot(act.data(), w_row.data(), I));
         }
       }
