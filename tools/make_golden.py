@@ -37,8 +37,9 @@ transformers = None
 # ----------------------------------------------------------------------------------------------
 # bf16 and safetensors (numpy only). Tensors are numpy arrays: uint16 = bf16 bits, float32, uint32.
 
-ST_DTYPE = {np.dtype(np.uint16): "BF16", np.dtype(np.float32): "F32", np.dtype(np.uint32): "U32"}
-ST_NUMPY = {"BF16": np.uint16, "F32": np.float32, "U32": np.uint32}
+ST_DTYPE = {np.dtype(np.uint16): "BF16", np.dtype(np.float32): "F32", np.dtype(np.uint32): "U32",
+            np.dtype(np.uint8): "U8"}
+ST_NUMPY = {"BF16": np.uint16, "F32": np.float32, "U32": np.uint32, "U8": np.uint8}
 
 
 def bf16_round(x):
@@ -131,11 +132,14 @@ def read_checkpoint(dirpath):
 
 
 # ----------------------------------------------------------------------------------------------
-# MLX affine quantization (qwen-spec §9.1), numpy only.
+# MLX quantization (qwen-spec §9.1, §9.2), numpy only.
+
+MLX_BITS = (2, 3, 4, 5, 6, 8)
+
 
 def mlx_affine_quantize(w, group_size, bits):
     """w float32 [..., n] -> (wq uint32 [..., n*bits/32], scales f32, biases f32 [..., n/group])."""
-    assert bits in (2, 4, 8) and w.shape[-1] % group_size == 0
+    assert bits in MLX_BITS and w.shape[-1] % group_size == 0
     g = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1] // group_size, group_size)
     n_bins = np.float32((1 << bits) - 1)
     w_max = g.max(axis=-1, keepdims=True)
@@ -155,18 +159,32 @@ def mlx_affine_quantize(w, group_size, bits):
 
 
 def pack_bits(q, bits):
-    """LSB-first: element j of a row sits in bits [(j % per)*bits, ...) of word j // per."""
-    per = 32 // bits
-    qq = q.astype(np.uint64).reshape(*q.shape[:-1], q.shape[-1] // per, per)
-    shifts = (np.arange(per, dtype=np.uint64) * np.uint64(bits))
-    return (qq << shifts).sum(axis=-1).astype(np.uint32)
+    """LSB-first bitstream per row: element j at stream bits [j*bits, (j+1)*bits), stream bit s = bit s % 32
+    of word s // 32. For 2/4/8 bits no value straddles a word; for 3/5/6 some do."""
+    assert bits in MLX_BITS and (q.shape[-1] * bits) % 32 == 0
+    stream = (q.astype(np.uint32)[..., None] >> np.arange(bits, dtype=np.uint32)) & np.uint32(1)
+    stream = stream.reshape(*q.shape[:-1], q.shape[-1] * bits // 32, 32).astype(np.uint64)
+    return (stream << np.arange(32, dtype=np.uint64)).sum(axis=-1).astype(np.uint32)
 
 
 def unpack_bits(wq, bits):
-    per = 32 // bits
-    shifts = (np.arange(per, dtype=np.uint32) * np.uint32(bits))
-    q = (wq[..., None] >> shifts) & np.uint32((1 << bits) - 1)
-    return q.reshape(*wq.shape[:-1], wq.shape[-1] * per)
+    assert bits in MLX_BITS
+    stream = (wq[..., None] >> np.arange(32, dtype=np.uint32)) & np.uint32(1)
+    stream = stream.reshape(*wq.shape[:-1], wq.shape[-1] * 32 // bits, bits)
+    return (stream << np.arange(bits, dtype=np.uint32)).sum(axis=-1).astype(np.uint32)
+
+
+def check_bitstream():
+    """pack/unpack against the bitstream rule spelled out with Python integers, for every MLX width."""
+    rng = np.random.default_rng([SEED, 13])
+    for bits in MLX_BITS:
+        q = rng.integers(0, 1 << bits, (3, 64)).astype(np.uint32)
+        words = pack_bits(q, bits)
+        for r in range(q.shape[0]):
+            stream = sum(int(v) << (j * bits) for j, v in enumerate(q[r]))
+            want = [(stream >> (32 * w)) & 0xFFFFFFFF for w in range(q.shape[1] * bits // 32)]
+            assert [int(x) for x in words[r]] == want, f"pack_bits({bits}) is not the LSB-first bitstream"
+        assert np.array_equal(unpack_bits(words, bits), q), f"unpack_bits({bits})"
 
 
 def mlx_dequantize(wq, scales_bf16, biases_bf16, group_size, bits):
@@ -175,6 +193,73 @@ def mlx_dequantize(wq, scales_bf16, biases_bf16, group_size, bits):
     s = np.repeat(bf16_to_f32(scales_bf16), group_size, axis=-1)
     b = np.repeat(bf16_to_f32(biases_bf16), group_size, axis=-1)
     return (s * q + b).astype(np.float32)
+
+
+E2M1_LUT = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+MXFP4_GROUP = 32
+
+
+def e8m0_exponent(x):
+    """round(log2(x)) for x > 0 (f32), as src/core/dtype.cpp f32_to_e8m0 does it exactly: with x = m * 2^e,
+    m in [1, 2), it rounds up iff m >= sqrt(2) (m^2 >= 2 is exact in f64 and never a tie)."""
+    m, e = np.frexp(x.astype(np.float64))       # x = m * 2^e, m in [0.5, 1)
+    m2 = 2.0 * m
+    return (e - 1 + (m2 * m2 >= 2.0)).astype(np.int64)
+
+
+def e8m0_value(s):
+    return np.ldexp(np.float32(1.0), s.astype(np.int32) - 127).astype(np.float32)
+
+
+def e2m1_code(v):
+    """f32 -> E2M1 code (bit 3 = sign bit of v, kept for -0), magnitude rounded to nearest, ties to the even
+    code, saturating at 6. The thresholds are the midpoints between neighbouring E2M1 values."""
+    a = np.abs(v)
+    mag = np.select([a > 5, a >= 3.5, a > 2.5, a >= 1.75, a > 1.25, a >= 0.75, a > 0.25],
+                    [7, 6, 5, 4, 3, 2, 1], 0).astype(np.uint32)
+    return mag | (np.signbit(v).astype(np.uint32) << np.uint32(3))
+
+
+def mxfp4_quantize(w, group_size=MXFP4_GROUP):
+    """w float32 [..., n] -> (wq uint32 [..., n/8], scales uint8 E8M0 [..., n/32], codes [..., n]).
+    Scale exponent round(log2(max|w| / 6)) (e8m0 = 127 + it, clamped to [0, 254]; an all-zero group gets 0),
+    element = E2M1(w / 2^exponent) (src/quant/quant.cpp quantize_row)."""
+    assert w.shape[-1] % group_size == 0
+    g = np.ascontiguousarray(w, dtype=np.float32).reshape(*w.shape[:-1], w.shape[-1] // group_size, group_size)
+    amax = np.abs(g).max(axis=-1, keepdims=True)
+    ratio = (amax / np.float32(6.0)).astype(np.float32)
+    safe = np.where(amax > 0, ratio, np.float32(1.0))
+    s = np.where(amax > 0, np.clip(127 + e8m0_exponent(safe), 0, 254), 0).astype(np.uint8)
+    scale = e8m0_value(s)
+    codes = e2m1_code((g / scale).astype(np.float32)).reshape(w.shape)
+    return pack_bits(codes, 4), s[..., 0], codes
+
+
+def mxfp4_dequantize(wq, scales_u8, group_size=MXFP4_GROUP):
+    """lut[q] * 2^(s - 127) in fp32."""
+    q = unpack_bits(wq, 4)
+    return (E2M1_LUT[q] * np.repeat(e8m0_value(scales_u8), group_size, axis=-1)).astype(np.float32)
+
+
+def mxfp4_mlx_differences(w, group_size=MXFP4_GROUP):
+    """How many scales / codes other MLX quantizers would store differently from mxfp4_quantize (for the log).
+    mlx ops.cpp fp_quantize (CPU fallback) works in the weight dtype (bf16): max|w| / 6 and log2 rounded to bf16,
+    and picks the code by argmin |x - lut| (ties go to the smaller magnitude, and tiny negatives to +0, code 0).
+    Some Metal/CUDA versions instead round the scale up (smallest 2^e >= max|w| / 6)."""
+    wq, s, codes = mxfp4_quantize(w, group_size)
+    g = w.reshape(*w.shape[:-1], w.shape[-1] // group_size, group_size).astype(np.float32)
+    amax = np.abs(g).max(axis=-1)
+    ratio_bf16 = bf16_to_f32(bf16_round(amax / np.float32(6.0)))
+    log_bf16 = bf16_to_f32(bf16_round(np.log2(ratio_bf16).astype(np.float32)))
+    s_cpu = (127 + np.round(log_bf16)).astype(np.int64)
+    s_up = 127 + np.ceil(np.log2((amax / np.float32(6.0)).astype(np.float64))).astype(np.int64)
+    x = (g / e8m0_value(s)[..., None]).reshape(w.shape)
+    argmin = np.argmin(np.abs(x[..., None] - E2M1_LUT), axis=-1)
+    return {"groups": int(s.size), "scale_differs_mlx_cpu": int((s_cpu != s).sum()),
+            "scale_differs_round_up": int((s_up != s).sum()), "elements": int(codes.size),
+            "code_differs_argmin": int((argmin != codes).sum()),
+            "value_differs_argmin": int((E2M1_LUT[argmin] != E2M1_LUT[codes]).sum()),
+            "ties": int(np.isin(np.abs(x), [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]).sum())}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -514,7 +599,9 @@ def mlx_shifted_norm(name, arr):
     return arr.ndim == 1 and name.startswith("language_model.") and is_zero_centred_norm("qwen3_5", name)
 
 
-def hf_to_mlx_name(k):
+def hf_to_mlx_name(k, vlm=True):
+    if not vlm:
+        return k                  # mlx-lm's qwen3 / qwen3_moe use the HF names
     if k.startswith("model.visual."):
         return "vision_tower." + k[len("model.visual."):]
     if k.startswith("model.language_model."):
@@ -522,7 +609,9 @@ def hf_to_mlx_name(k):
     return "language_model." + k
 
 
-def mlx_to_hf_name(k):
+def mlx_to_hf_name(k, vlm=True):
+    if not vlm:
+        return k
     if k.startswith("vision_tower."):
         return "model.visual." + k[len("vision_tower."):]
     if k.startswith("language_model.model."):
@@ -531,13 +620,14 @@ def mlx_to_hf_name(k):
     return k[len("language_model."):]
 
 
-def to_mlx(hub, keep_mtp):
-    """mlx-lm/mlx-vlm convert of a Qwen3.5(-MoE) HF checkpoint (bf16 in, bf16 out)."""
+def to_mlx(hub, keep_mtp, vlm=True):
+    """mlx-lm/mlx-vlm convert of a Qwen3.5(-MoE) HF checkpoint (bf16 in, bf16 out); with vlm=False, the
+    text-only Qwen3 convert (names unchanged, plain norms)."""
     out = OrderedDict()
     for k, v in hub.items():
         if k.startswith("mtp.") and not keep_mtp:
             continue
-        nk = hf_to_mlx_name(k)
+        nk = hf_to_mlx_name(k, vlm)
         if nk.endswith("patch_embed.proj.weight"):
             v = np.ascontiguousarray(v.transpose(0, 2, 3, 4, 1))     # [out, C, T, h, w] -> [out, T, h, w, C]
         if "conv1d.weight" in nk:
@@ -555,16 +645,23 @@ def to_mlx(hub, keep_mtp):
     return out
 
 
-def mlx_quantize_model(mlx, bits=4, group=MLX_GROUP):
-    """mlx-lm quantize_model: every Linear / SwitchLinear / Embedding of the language model whose in-dim
-    is a multiple of the group; router and shared_expert_gate at 8 bits as per-module overrides."""
-    qcfg = OrderedDict([("group_size", group), ("bits", bits), ("mode", "affine")])
+def mlx_quantize_model(mlx, mode="affine", bits=4, group=MLX_GROUP):
+    """mlx-lm quantize_model: every Linear / SwitchLinear / Embedding of the language model (not the vision
+    tower, not conv1d) whose in-dim is a multiple of the group. Affine: router and shared_expert_gate at
+    8 bits as per-module overrides; scales/biases bf16. mxfp4: uint8 E8M0 scales, no biases."""
+    qcfg = OrderedDict([("group_size", group), ("bits", bits), ("mode", mode)])
     out, qinfo = OrderedDict(), {}
     for k, v in mlx.items():
         module = k[:-len(".weight")] if k.endswith(".weight") else None
-        if not (module and k.startswith("language_model.") and v.ndim >= 2 and "conv1d" not in k
+        if not (module and not k.startswith("vision_tower.") and v.ndim >= 2 and "conv1d" not in k
                 and v.shape[-1] % group == 0):
             out[k] = v
+            continue
+        if mode == "mxfp4":
+            wq, s, q = mxfp4_quantize(bf16_to_f32(v), group)
+            out[k] = wq
+            out[module + ".scales"] = s
+            qinfo[module] = (4, q)
             continue
         b = bits
         if module.endswith((".mlp.gate", ".mlp.shared_expert_gate")):
@@ -578,7 +675,16 @@ def mlx_quantize_model(mlx, bits=4, group=MLX_GROUP):
     return out, qcfg, qinfo
 
 
-def mlx_to_hf(mlx, qcfg=None):
+def mlx_dequantize_module(mlx, module, qcfg):
+    """fp32 value of a quantized module's weight from what the checkpoint stores."""
+    o = qcfg.get(module, {})
+    gs, bits = o.get("group_size", qcfg["group_size"]), o.get("bits", qcfg["bits"])
+    if qcfg.get("mode", "affine") == "mxfp4":
+        return mxfp4_dequantize(mlx[module + ".weight"], mlx[module + ".scales"], gs)
+    return mlx_dequantize(mlx[module + ".weight"], mlx[module + ".scales"], mlx[module + ".biases"], gs, bits)
+
+
+def mlx_to_hf(mlx, qcfg=None, vlm=True):
     """Map an MLX checkpoint back to HF names/layout in fp32: dequantize, gamma - 1, conv and patch
     embedding back, switch_mlp fused back into experts.gate_up_proj / down_proj."""
     hf = OrderedDict()
@@ -586,19 +692,14 @@ def mlx_to_hf(mlx, qcfg=None):
         if k.endswith((".scales", ".biases")):
             continue
         module = k[:-len(".weight")]
-        if v.dtype == np.uint32:
-            o = qcfg.get(module, {}) if qcfg else {}
-            x = mlx_dequantize(v, mlx[module + ".scales"], mlx[module + ".biases"],
-                               o.get("group_size", qcfg["group_size"]), o.get("bits", qcfg["bits"]))
-        else:
-            x = as_f32(v)
+        x = mlx_dequantize_module(mlx, module, qcfg) if v.dtype == np.uint32 else as_f32(v)
         if mlx_shifted_norm(k, x):
             x = (x - np.float32(1.0)).astype(np.float32)
         if "conv1d.weight" in k:
             x = np.ascontiguousarray(x.transpose(0, 2, 1))
         if k.endswith("patch_embed.proj.weight"):
             x = np.ascontiguousarray(x.transpose(0, 4, 1, 2, 3))
-        hf[mlx_to_hf_name(k)] = x
+        hf[mlx_to_hf_name(k, vlm)] = x
     for k in [k for k in hf if k.endswith(".mlp.switch_mlp.gate_proj.weight")]:
         base = k[:-len("switch_mlp.gate_proj.weight")]
         gate, up = hf.pop(k), hf.pop(base + "switch_mlp.up_proj.weight")
@@ -696,11 +797,12 @@ def official_reader_check(dirpath, tensors):
                 t = sf.get_tensor(k)
                 if t.dtype == torch.bfloat16:
                     seen[k] = t.view(torch.int16).numpy().view(np.uint16)
-                elif t.dtype == torch.float32:
+                elif t.dtype in (torch.float32, torch.uint8):
                     seen[k] = t.numpy()
                 else:
                     seen[k] = t.view(torch.int32).numpy().view(np.uint32)
-    bad = sorted(k for k in tensors if k not in seen or not np.array_equal(seen[k], tensors[k]))
+    bad = sorted(k for k in tensors if k not in seen or seen[k].dtype != tensors[k].dtype
+                 or not np.array_equal(seen[k], tensors[k]))
     if bad or set(seen) != set(tensors):
         raise RuntimeError(f"safetensors library reads back something else: {bad[:5]} "
                            f"{sorted(set(seen) ^ set(tensors))[:5]}")
@@ -917,43 +1019,115 @@ def make_hf_fixture(name, out, work, prompts, tv, state):
     state[name] = {"cfg": cfg, "hub": hub, "ref": ref}
 
 
-def make_mlx_fixture(name, src, out, work, prompts, state, quantize):
+MLX_CONVERT_NOTE = ("The {src} fixture converted as mlx-lm/mlx-vlm convert does: language_model.* / vision_tower.* "
+                    "names, zero-centred norms stored as 1 + w (fp32 add, rounded to bf16; linear_attn.norm not "
+                    "shifted), conv1d [C, K, 1], patch_embed [out, T, h, w, C]")
+AFFINE_REFERENCE_NOTE = " Reference: transformers on the dequantized weights (scale*q + bias in fp32)."
+
+
+def qwen3_5_affine_note(bits):
+    return (MLX_CONVERT_NOTE + f", mtp dropped, affine quantized (group 64, {bits} bits; every Linear of the "
+            "language model and the embedding; q packed as an LSB-first bitstream in uint32 words (element j at "
+            f"bits [{bits}j, {bits}j + {bits})), so values straddle words; bf16 scales/biases; vision tower bf16)."
+            + AFFINE_REFERENCE_NOTE)
+
+
+# name -> source fixture, quantization (mode, bits, group) or None, layout, quant_check tensors, notes.
+MLX_FIXTURES = OrderedDict([
+    ("qwen3_5_mlx", dict(
+        src="qwen3_5", quant=None, vlm=True, picks=[],
+        notes=MLX_CONVERT_NOTE + ", mtp kept as language_model.mtp.* (also shifted). Reference: transformers on "
+                                 "gamma - 1 (fp32).")),
+    ("qwen3_5_moe_mlx_4bit", dict(
+        src="qwen3_5_moe", quant=("affine", 4, MLX_GROUP), vlm=True,
+        picks=["language_model.model.embed_tokens", "language_model.model.layers.0.mlp.switch_mlp.down_proj",
+               "language_model.model.layers.3.mlp.gate"],
+        notes=MLX_CONVERT_NOTE + ", experts stacked as switch_mlp, mtp dropped, affine quantized (group 64, 4 bits; "
+                                 "mlp.gate and shared_expert_gate 8 bits; q packed LSB-first in uint32; bf16 "
+                                 "scales/biases; vision tower bf16)." + AFFINE_REFERENCE_NOTE)),
+    ("qwen3_mlx_8bit", dict(
+        src="qwen3", quant=("affine", 8, MLX_GROUP), vlm=False,
+        picks=["model.embed_tokens", "model.layers.0.self_attn.o_proj", "model.layers.2.mlp.down_proj"],
+        notes="The qwen3 fixture converted as mlx-lm convert does (Qwen3's MLX names equal the HF names; tied, so "
+              "no lm_head: the QuantizedEmbedding's packed weight is also the head), affine quantized (group 64, "
+              "8 bits; every Linear and the embedding; q packed LSB-first in uint32; bf16 scales/biases; norms "
+              "bf16)." + AFFINE_REFERENCE_NOTE)),
+    ("qwen3_5_mlx_6bit", dict(
+        src="qwen3_5", quant=("affine", 6, MLX_GROUP), vlm=True,
+        picks=["language_model.model.embed_tokens", "language_model.model.layers.0.linear_attn.in_proj_qkv",
+               "language_model.model.layers.3.mlp.down_proj"],
+        notes=qwen3_5_affine_note(6))),
+    ("qwen3_5_mlx_3bit", dict(
+        src="qwen3_5", quant=("affine", 3, MLX_GROUP), vlm=True,
+        picks=["language_model.model.embed_tokens", "language_model.model.layers.0.linear_attn.in_proj_qkv",
+               "language_model.model.layers.3.mlp.down_proj"],
+        notes=qwen3_5_affine_note(3))),
+    ("qwen3_5_mlx_mxfp4", dict(
+        src="qwen3_5", quant=("mxfp4", 4, MXFP4_GROUP), vlm=True,
+        picks=["language_model.model.embed_tokens", "language_model.model.layers.0.linear_attn.in_proj_qkv",
+               "language_model.lm_head"],
+        notes=MLX_CONVERT_NOTE + ", mtp dropped, mxfp4 quantized (group 32; every Linear of the language model and "
+                                 "the embedding; E2M1 codes 8 per uint32, element i in bits [4i, 4i + 4); uint8 "
+                                 "E8M0 scales, no biases; scale exponent e = round(log2(max|w| / 6)) stored as "
+                                 "127 + e clamped to [0, 254], code = E2M1 of w / 2^e rounded to nearest even, "
+                                 "saturating at 6; vision tower bf16). Reference: transformers on the dequantized "
+                                 "weights (lut[q] * 2^(s - 127) in fp32).")),
+])
+
+
+def make_mlx_fixture(name, out, work, prompts, state):
+    spec = MLX_FIXTURES[name]
+    src, quant, vlm = spec["src"], spec["quant"], spec["vlm"]
     s = state[src]
     cfg, hub = s["cfg"], s["hub"]
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
-    mlx = to_mlx(hub, keep_mtp=not quantize)
+    mlx = to_mlx(hub, keep_mtp=quant is None, vlm=vlm)
     mcfg = json.loads(json.dumps(cfg))
     mcfg.pop("_name_or_path", None)
     qcfg, qinfo = None, {}
-    if quantize:
-        mlx, qcfg, qinfo = mlx_quantize_model(mlx)
+    if quant:
+        mode, bits, group = quant
+        mlx, qcfg, qinfo = mlx_quantize_model(mlx, mode, bits, group)
         mcfg["quantization"] = qcfg
         mcfg["quantization_config"] = qcfg
     write_json(os.path.join(d, "config.json"), dict(sorted(mcfg.items())), indent=4)
     write_checkpoint(d, mlx, fmt="mlx", index=True)
     back, _ = read_safetensors(os.path.join(d, "model.safetensors"))
-    assert set(back) == set(mlx) and all(np.array_equal(back[k], mlx[k]) for k in mlx), "mlx file roundtrip"
+    assert set(back) == set(mlx) and all(back[k].dtype == mlx[k].dtype and np.array_equal(back[k], mlx[k])
+                                         for k in mlx), "mlx file roundtrip"
     official_reader_check(d, mlx)
-    log(f"  {name}: {len(mlx)} tensors, {sum(v.nbytes for v in mlx.values())} bytes")
+    log(f"  {name}: {len(mlx)} tensors, {sum(v.nbytes for v in mlx.values())} bytes"
+        + (f", {len(qinfo)} quantized" if quant else ""))
 
     # Reference from this fixture's own stored values, mapped back to the HF layout in fp32.
-    hf = mlx_to_hf(mlx, qcfg)
+    hf = mlx_to_hf(mlx, qcfg, vlm)
     base = {k: v for k, v in hub.items() if k in hf}
-    if not quantize:
+    if not quant:
         for k, v in base.items():
             if not np.array_equal(hf[k], as_f32(v)) and not is_zero_centred_norm("qwen3_5", k):
                 raise RuntimeError(f"mlx roundtrip changed {k}")
         log(f"    mlx->hf roundtrip: non-norm tensors identical; norms max |(1+w)_bf16 - 1 - w| = "
             f"{max(maxdiff(hf[k], as_f32(v)) for k, v in base.items() if is_zero_centred_norm('qwen3_5', k))}")
     else:
-        worst = {k: maxdiff(hf[k], as_f32(base[k])) for k in base}
-        top = sorted(worst.items(), key=lambda kv: -kv[1])[:3]
-        log(f"    4-bit dequant vs bf16 source: worst tensors {[(k, round(v, 4)) for k, v in top]}")
+        if set(hf) != set(k for k in hub if not k.startswith("mtp.")):
+            raise RuntimeError(f"mapped-back names differ from {src}: {sorted(set(hf) ^ set(hub))[:6]}")
+        rel = {k: float(np.sqrt(np.mean((hf[k] - as_f32(v)) ** 2) / np.mean(as_f32(v) ** 2)))
+               for k, v in base.items() if hf[k].ndim >= 2 and not np.array_equal(hf[k], as_f32(v))}
+        top = sorted(rel.items(), key=lambda kv: -kv[1])[:3]
+        log(f"    {quant[0]} {quant[1]}-bit dequant vs bf16 source: {len(rel)} tensors changed, relative RMS error "
+            f"median {float(np.median(list(rel.values()))):.4f}, worst {[(k, round(v, 4)) for k, v in top]}")
         for module, (bits, q) in qinfo.items():
             if not np.array_equal(unpack_bits(mlx[module + ".weight"], bits), q):
                 raise RuntimeError(f"unpack(pack(q)) != q for {module}")
-        write_quant_check(d, mlx, qcfg)
+        log(f"    unpack(pack(q)) == q for all {len(qinfo)} quantized modules")
+        if quant[0] == "mxfp4":
+            stats = {}
+            for module in qinfo:
+                for key, n in mxfp4_mlx_differences(as_f32(base[mlx_to_hf_name(module + ".weight", vlm)])).items():
+                    stats[key] = stats.get(key, 0) + n
+            log(f"    mxfp4 vs other MLX quantizers (same weights): {stats}")
+        write_quant_check(d, mlx, qcfg, spec["picks"])
     tmp = os.path.join(work, name, "hf_fp32")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -966,38 +1140,40 @@ def make_mlx_fixture(name, src, out, work, prompts, state, quantize):
         raise RuntimeError(f"mapped-back weights not loaded exactly (diff {worst}, {unverified[:4]})")
     ref = compute_reference(model, prompts)
     dsrc = max(maxdiff(a, b) for a, b in zip(ref["logits"], s["ref"]["logits"]))
-    log(f"    logits max abs diff vs {src} (norm rounding{' + 4-bit quantization' if quantize else ''}): {dsrc}")
-    notes = (f"The {src} fixture converted as mlx-lm/mlx-vlm convert does: language_model.* / vision_tower.* names, "
-             "zero-centred norms stored as 1 + w (fp32 add, rounded to bf16; linear_attn.norm not shifted), conv1d "
-             "[C, K, 1], patch_embed [out, T, h, w, C]")
-    if quantize:
-        notes += (", experts stacked as switch_mlp, mtp dropped, affine quantized (group 64, 4 bits; mlp.gate and "
-                  "shared_expert_gate 8 bits; q packed LSB-first in uint32; bf16 scales/biases; vision tower bf16)."
-                  " Reference: transformers on the dequantized weights (scale*q + bias in fp32).")
-    else:
-        notes += ", mtp kept as language_model.mtp.* (also shifted). Reference: transformers on gamma - 1 (fp32)."
-    notes += " Logits, greedy and margins computed as in the HF fixtures."
-    write_reference(d, name, "qwen3_5_moe" if quantize else "qwen3_5", cfg, prompts, ref, notes,
-                    {"source_fixture": src, "format": "mlx"})
+    same = sum(a == b for g, h in zip(ref["greedy"], s["ref"]["greedy"]) for a, b in zip(g, h))
+    log(f"    logits max abs diff vs {src} (norm rounding{' + quantization' if quant else ''}): {dsrc}; greedy "
+        f"tokens equal to {src}'s: {same}/{N_GREEDY * len(prompts)}; min greedy margin "
+        f"{min(min(m) for m in ref['greedy_margins']):.5f}")
+    notes = spec["notes"].format(src=src) + " Logits, greedy and margins computed as in the HF fixtures."
+    write_reference(d, name, src, cfg, prompts, ref, notes, {"source_fixture": src, "format": "mlx"})
 
 
-def write_quant_check(d, mlx, qcfg):
-    picks = ["language_model.model.embed_tokens", "language_model.model.layers.0.mlp.switch_mlp.down_proj",
-             "language_model.model.layers.3.mlp.gate"]
+def write_quant_check(d, mlx, qcfg, picks):
+    """The first packed words, codes, group scale (and bias) and dequantized values of a few tensors."""
+    fp = qcfg.get("mode", "affine") == "mxfp4"
     entries = []
     for module in picks:
         o = qcfg.get(module, {})
         bits, gs = o.get("bits", qcfg["bits"]), o.get("group_size", qcfg["group_size"])
-        wq, sc, bi = mlx[module + ".weight"], mlx[module + ".scales"], mlx[module + ".biases"]
-        deq = mlx_dequantize(wq, sc, bi, gs, bits).reshape(-1)
-        entries.append(OrderedDict([
-            ("tensor", module + ".weight"), ("bits", bits), ("group_size", gs), ("packed_shape", list(wq.shape)),
-            ("first_words", [int(x) for x in wq.reshape(-1)[:4]]),
-            ("first_q", [int(x) for x in unpack_bits(wq, bits).reshape(-1)[:16]]),
-            ("first_scale", float(bf16_to_f32(sc).reshape(-1)[0])),
-            ("first_bias", float(bf16_to_f32(bi).reshape(-1)[0])),
-            ("first_dequantized", [float(x) for x in deq[:16]])]))
-    note = "dequantized = scale * q + bias (fp32), row-major flat order of the unpacked [..., out, in] weight"
+        wq, sc = mlx[module + ".weight"], mlx[module + ".scales"]
+        deq = mlx_dequantize_module(mlx, module, qcfg).reshape(-1)
+        e = OrderedDict([("tensor", module + ".weight"), ("bits", bits), ("group_size", gs),
+                         ("packed_shape", list(wq.shape)), ("first_words", [int(x) for x in wq.reshape(-1)[:4]]),
+                         ("first_q", [int(x) for x in unpack_bits(wq, bits).reshape(-1)[:16]])])
+        if fp:
+            e["first_scale_e8m0"] = int(sc.reshape(-1)[0])
+            e["first_scale"] = float(e8m0_value(sc).reshape(-1)[0])
+        else:
+            e["first_scale"] = float(bf16_to_f32(sc).reshape(-1)[0])
+            e["first_bias"] = float(bf16_to_f32(mlx[module + ".biases"]).reshape(-1)[0])
+        e["first_dequantized"] = [float(x) for x in deq[:16]]
+        entries.append(e)
+    if fp:
+        note = ("dequantized = lut[q] * 2^(scale - 127) (fp32), lut = E2M1 {0, .5, 1, 1.5, 2, 3, 4, 6, -0, -.5, ..., "
+                "-6}; q = 4-bit codes, element i in bits [4i, 4i + 4) of the row's words (low nibble first); "
+                "row-major flat order of the unpacked [..., out, in] weight")
+    else:
+        note = "dequantized = scale * q + bias (fp32), row-major flat order of the unpacked [..., out, in] weight"
     with open(os.path.join(d, "quant_check.json"), "w") as f:
         f.write('{"note": ' + json.dumps(note) + ',\n "tensors": [\n  ' +
                 ",\n  ".join(json.dumps(e) for e in entries) + "\n]}\n")
@@ -1048,6 +1224,7 @@ def main():
     except Exception as e:
         log(f"(could not query fla availability: {e})")
 
+    check_bitstream()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="golden_work_")
     prompts = make_prompts()
@@ -1058,10 +1235,7 @@ def main():
     t0 = time.time()
     plan = [(n, lambda n=n: make_hf_fixture(n, args.out, work, prompts, tv, state))
             for n in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")]
-    plan += [("qwen3_5_mlx", lambda: make_mlx_fixture("qwen3_5_mlx", "qwen3_5", args.out, work, prompts, state,
-                                                      quantize=False)),
-             ("qwen3_5_moe_mlx_4bit", lambda: make_mlx_fixture("qwen3_5_moe_mlx_4bit", "qwen3_5_moe", args.out, work,
-                                                               prompts, state, quantize=True))]
+    plan += [(n, lambda n=n: make_mlx_fixture(n, args.out, work, prompts, state)) for n in MLX_FIXTURES]
     for n, fn in plan:
         if not want(n):
             continue

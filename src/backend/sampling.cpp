@@ -1,6 +1,7 @@
 #include "backend/sampling.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -35,93 +36,159 @@ void apply_penalties(const SamplingParams& p, const std::vector<int32_t>& histor
   }
 }
 
-int32_t argmax(const std::vector<float>& logits) {
-  int32_t best = 0;
-  float best_value = -std::numeric_limits<float>::infinity();
-  bool found = false;
+// NaN logits become −inf (never picked) and −0 becomes +0, so that float order is the order of
+// integer keys below; integer operations only, so the loop vectorises.
+void canonicalize(std::vector<float>& logits) {
+  uint32_t* bits = reinterpret_cast<uint32_t*>(logits.data());
   for (size_t i = 0; i < logits.size(); ++i) {
-    if (std::isnan(logits[i])) continue;
-    if (!found || logits[i] > best_value) best = static_cast<int32_t>(i), best_value = logits[i], found = true;
+    const uint32_t b = bits[i];
+    bits[i] = (b & 0x7FFFFFFFu) > 0x7F800000u ? 0xFF800000u : b == 0x80000000u ? 0u : b;
   }
-  return best;
 }
 
-// Candidate ids ordered by weight (descending, lower id first), sorted lazily: most rows only ever
-// look at a short prefix, and sorting a 150k vocabulary per token would dominate a CPU decode step.
-class SortedCandidates {
- public:
-  explicit SortedCandidates(const std::vector<double>& weight) : weight_(weight), ids_(weight.size()) {
-    for (size_t i = 0; i < ids_.size(); ++i) ids_[i] = static_cast<int32_t>(i);
-  }
-  size_t size() const { return ids_.size(); }
-  // The i-th best id (i < size()).
-  int32_t at(size_t i) {
-    if (i >= sorted_) {
-      const size_t want = std::min(ids_.size(), std::max<size_t>(2 * i + 1, 256));
-      auto better = [this](int32_t a, int32_t b) {
-        return weight_[a] > weight_[b] || (weight_[a] == weight_[b] && a < b);
-      };
-      std::partial_sort(ids_.begin() + sorted_, ids_.begin() + want, ids_.end(), better);
-      sorted_ = want;
-    }
-    return ids_[i];
-  }
+// A signed integer with the order of the (canonical) float: negative floats have their magnitude
+// bits flipped.
+int32_t order_key(float f) {
+  const int32_t b = std::bit_cast<int32_t>(f);
+  return b ^ ((b >> 31) & 0x7FFFFFFF);
+}
 
- private:
-  const std::vector<double>& weight_;
-  std::vector<int32_t> ids_;
-  size_t sorted_ = 0;
-};
+// The lowest id of the largest logit (after canonicalize), through an integer max that vectorises.
+int32_t argmax(const std::vector<float>& logits) {
+  int32_t best = std::numeric_limits<int32_t>::min();
+  for (float l : logits) best = std::max(best, order_key(l));
+  int32_t i = 0;
+  while (order_key(logits[i]) != best) ++i;
+  return i;
+}
+
+// Σ w[begin, end) in double over four interleaved partial sums (independent add chains).
+double block_sum(const float* w, size_t begin, size_t end) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  size_t i = begin;
+  for (; i + 4 <= end; i += 4)
+    for (int j = 0; j < 4; ++j) s[j] += w[i + j];
+  for (; i < end; ++i) s[0] += w[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// exp((logit − max) / temperature) from integer and +/× operations alone (Cody–Waite reduction,
+// degree-6 polynomial, ~1 ulp), exactly 0 below e^-87.3 (−inf logits included): the same bits on
+// every compiler and device, and branch-free so the loop over the vocabulary vectorises (a libm
+// call per token would dominate a CPU decode step).
+float softmax_weight(float logit, float max_logit, float temperature) {
+  const float x = (logit - max_logit) / temperature;  // ≤ 0
+  const uint32_t limit = std::bit_cast<uint32_t>(-87.33654f), bits = std::bit_cast<uint32_t>(x);
+  const uint32_t keep = 0u - static_cast<uint32_t>(bits <= limit);  // as unsigned, +0 and x ≥ −87.3 sort below
+  const float xc = std::bit_cast<float>(std::min(bits, limit));
+  const float shifter = 12582912.0f;  // 1.5·2^23: the sum rounds n to an integer in its low mantissa bits
+  const float t = xc * 1.44269504088896341f + shifter;
+  const float n = t - shifter;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  poly = poly * (r * r) + (r + 1.0f);
+  const uint32_t scale = (std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(shifter) + 127u) << 23;
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(poly * std::bit_cast<float>(scale)) & keep);
+}
+
+// The candidates every filter looks at, best first (weight descending, lower id first): all tokens
+// whose weight reaches a threshold, lowered until the set holds the top `count` and a prefix of
+// mass `mass` (weights are ≤ 1, the best being exp(0)). Sorting only these keeps a 250k vocabulary
+// from costing a full sort per token.
+std::vector<int32_t> leading_candidates(const std::vector<float>& weight, size_t count, double mass, float threshold) {
+  std::vector<int32_t> ids;
+  for (;;) {
+    ids.clear();
+    double sum = 0.0;
+    for (size_t i = 0; i < weight.size(); ++i)
+      if (weight[i] >= threshold) ids.push_back(static_cast<int32_t>(i)), sum += weight[i];
+    if (threshold == 0.0f || (ids.size() >= count && sum >= mass)) break;
+    threshold = threshold > 1e-30f ? threshold / 64.0f : 0.0f;
+  }
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    return weight[a] > weight[b] || (weight[a] == weight[b] && a < b);
+  });
+  return ids;
+}
 
 int32_t sample_row(std::vector<float>& logits, const SamplingParams& p, uint64_t step) {
   if (p.temperature <= 0.0f) return argmax(logits);
   const int32_t best = argmax(logits);
   const float max_logit = logits[best];
-  if (std::isnan(max_logit) || std::isinf(max_logit)) return best;
+  if (std::isinf(max_logit)) return best;  // +inf wins outright; all −inf: nothing to weigh
 
   const size_t vocab = logits.size();
-  std::vector<double> weight(vocab);
-  for (size_t i = 0; i < vocab; ++i) {
-    const double z = (static_cast<double>(logits[i]) - max_logit) / p.temperature;
-    weight[i] = std::isnan(z) ? 0.0 : std::exp(z);
-  }
-  SortedCandidates order(weight);
+  std::vector<float>& weight = logits;  // in place
+  float* w = weight.data();
+  const float temperature = p.temperature;  // a local: stores through w could alias p
+  for (size_t i = 0; i < vocab; ++i) w[i] = softmax_weight(w[i], max_logit, temperature);
+  // Mass in blocks of 1024 tokens: the total, and the draw's walk over the whole vocabulary, visit
+  // block sums first and then a single block.
+  constexpr size_t kBlock = 1024;
+  std::vector<double> blocks((vocab + kBlock - 1) / kBlock);
+  double total = 0.0;
+  for (size_t b = 0; b < blocks.size(); ++b) total += blocks[b] = block_sum(w, b * kBlock, std::min(vocab, (b + 1) * kBlock));
 
-  size_t kept = vocab;
-  double mass = 0.0;
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab) {
-    kept = static_cast<size_t>(p.top_k);
-    for (size_t i = 0; i < kept; ++i) mass += weight[order.at(i)];
-  } else {
-    for (double w : weight) mass += w;
-  }
-  if (p.top_p < 1.0f) {
-    const double target = static_cast<double>(p.top_p) * mass;
-    double cum = 0.0;
-    size_t i = 0;
-    while (i < kept) {
-      cum += weight[order.at(i++)];
-      if (cum >= target) break;
+  const bool top_k = p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab;
+  std::vector<int32_t> kept;  // ascending ids; empty: the whole vocabulary
+  double mass = total;
+  if (top_k || p.top_p < 1.0f || p.min_p > 0.0f) {
+    size_t n = top_k ? static_cast<size_t>(p.top_k) : vocab;
+    // Without top_k the top_p prefix is measured against the whole vocabulary's mass; with it,
+    // against the top k's, which the candidates hold anyway.
+    const double p_mass = p.top_p < 1.0f && !top_k ? static_cast<double>(p.top_p) * total : 0.0;
+    const float threshold = p.min_p > 0.0f ? std::min(p.min_p, 1.0f / 4096) : 1.0f / 4096;
+    const std::vector<int32_t> order = leading_candidates(weight, top_k ? n : 1, p_mass, threshold);
+    n = std::min(n, order.size());
+    double n_mass = 0.0;
+    for (size_t i = 0; i < n; ++i) n_mass += weight[order[i]];
+    if (p.top_p < 1.0f) {
+      const double target = static_cast<double>(p.top_p) * (top_k ? n_mass : total);
+      double cum = 0.0;
+      size_t i = 0;
+      while (i < n) {
+        cum += weight[order[i++]];
+        if (cum >= target) break;
+      }
+      n = i;
     }
-    kept = i, mass = cum;
-  }
-  if (p.min_p > 0.0f) {
-    const double threshold = static_cast<double>(p.min_p) * weight[order.at(0)];
-    size_t i = 1;
-    while (i < kept && weight[order.at(i)] >= threshold) ++i;
-    if (i < kept) {
-      kept = i, mass = 0.0;
-      for (size_t j = 0; j < kept; ++j) mass += weight[order.at(j)];
+    if (p.min_p > 0.0f) {
+      const float cut = p.min_p * weight[order[0]];
+      size_t i = 1;
+      while (i < n && weight[order[i]] >= cut) ++i;
+      n = i;
     }
+    kept.assign(order.begin(), order.begin() + n);
+    std::sort(kept.begin(), kept.end());
+    mass = 0.0;
+    for (int32_t id : kept) mass += weight[id];
   }
 
   const double target = sampling_uniform(p.seed, step) * mass;
   double cum = 0.0;
-  for (size_t i = 0; i < kept; ++i) {
-    cum += weight[order.at(i)];
-    if (target < cum) return order.at(i);
+  int32_t last = best;  // the last positive weight passed: the pick when rounding leaves u·mass unreached
+  if (!kept.empty()) {
+    for (int32_t id : kept) {
+      if (weight[id] == 0.0f) continue;
+      cum += weight[id], last = id;
+      if (target < cum) return id;
+    }
+    return last;
   }
-  return order.at(kept - 1);  // only reached through rounding when u is within an ulp of 1
+  size_t b = 0;
+  while (b + 1 < blocks.size() && cum + blocks[b] <= target) cum += blocks[b++];
+  for (size_t i = b * kBlock; i < std::min(vocab, (b + 1) * kBlock); ++i) {
+    if (w[i] == 0.0f) continue;
+    cum += w[i], last = static_cast<int32_t>(i);
+    if (target < cum) return last;
+  }
+  return last;
 }
 
 }  // namespace
@@ -148,6 +215,7 @@ void sample_rows(const Tensor& logits, const std::vector<SamplingParams>& params
     const float* src = logits.ptr<float>() + s * vocab;
     row.assign(src, src + vocab);
     apply_penalties(params[s], history[s], row);
+    canonicalize(row);
     out[s] = sample_row(row, params[s], step[s]);
   }
 }

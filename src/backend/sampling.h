@@ -24,13 +24,16 @@ struct Tensor;
 //     id (logit > 0 ? logit / p : logit · p), then −presence_penalty once and −frequency_penalty per
 //     occurrence of each id;
 //  2. temperature == 0: argmax, the lowest id on ties (NaN logits never win);
-//  3. else softmax(logits / temperature) in double; candidates ordered by probability, descending,
-//     lower id first on ties; top_k keeps the first k; top_p keeps the shortest prefix whose mass
-//     (renormalised over what top_k kept) reaches top_p, at least one token; min_p drops tokens whose
-//     probability is below min_p · the largest;
-//  4. draws from the kept candidates, renormalised, with u = uniform [0,1) from
-//     splitmix64(splitmix64(seed) + step[s]): the pick depends only on (logits, params, history,
-//     seed, step), never on the batch around it or the backend.
+//  3. else weights w = exp((logit − max) / temperature) in f32 (the softmax before normalising;
+//     exp is sampling.cpp's own +/× polynomial, so a device backend can reproduce the bits; weights
+//     below e^-87.3 and those of −inf / NaN logits are exactly 0 and never drawn);
+//     candidates ordered by weight, descending, lower id first on ties; top_k keeps the first k;
+//     top_p keeps the shortest prefix whose mass (renormalised over what top_k kept, summed in
+//     double) reaches top_p, at least one token; min_p drops tokens whose weight is below
+//     min_p · the largest;
+//  4. draws from the kept candidates in ascending id order: the first whose running sum (double)
+//     exceeds u · their total, u = uniform [0,1) from splitmix64(splitmix64(seed) + step[s]). The
+//     pick depends only on (logits, params, history, seed, step), never on the batch around it.
 void sample_rows(const Tensor& logits, const std::vector<SamplingParams>& params,
                  const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
                  std::vector<int32_t>& out);

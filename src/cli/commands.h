@@ -7,7 +7,11 @@ namespace qinfer::cli {
 void add_inspect_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_render_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
+void add_run_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 
 }  // namespace qinfer::cli
 

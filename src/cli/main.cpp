@@ -21,7 +21,11 @@ int main(int argc, char** argv) {
   qinfer::cli::add_inspect_command(app);
   qinfer::cli::add_eval_command(app);
   qinfer::cli::add_bench_command(app);
+  qinfer::cli::add_render_command(app);
+  qinfer::cli::add_tokenize_command(app);
   qinfer::cli::add_quantize_command(app);
+  qinfer::cli::add_run_command(app);
+  qinfer::cli::add_chat_command(app);
 #ifdef QINFER_HAVE_CUDA
   add_devices_command(app);
 #endif

@@ -66,7 +66,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Expectation{"qwen3_5_moe", "qwen3_5_moe", "HF", true, true, true, "none", 1},
                       Expectation{"qwen3_5_mlx", "qwen3_5", "MLX-converted", false, true, true, "none", 1},
                       Expectation{"qwen3_5_moe_mlx_4bit", "qwen3_5_moe", "MLX-converted", false, false, true, "mlx",
-                                  1}),
+                                  1},
+                      Expectation{"qwen3_mlx_8bit", "qwen3", "MLX-converted", false, false, false, "mlx", 1},
+                      Expectation{"qwen3_5_mlx_6bit", "qwen3_5", "MLX-converted", false, false, true, "mlx", 1},
+                      Expectation{"qwen3_5_mlx_3bit", "qwen3_5", "MLX-converted", false, false, true, "mlx", 1},
+                      Expectation{"qwen3_5_mlx_mxfp4", "qwen3_5", "MLX-converted", false, false, true, "mlx", 1}),
     [](const auto& info) { return std::string(info.param.fixture); });
 
 TEST(Inspect, QuantizedFixtureReportsOverrides) {

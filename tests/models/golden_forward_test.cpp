@@ -135,7 +135,8 @@ TEST_P(GoldenForward, BatchOfTwoMatchesSingleRuns) {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* f : {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_mlx",
-                        "qwen3_5_moe_mlx_4bit"})
+                        "qwen3_5_moe_mlx_4bit", "qwen3_mlx_8bit", "qwen3_5_mlx_6bit", "qwen3_5_mlx_3bit",
+                        "qwen3_5_mlx_mxfp4"})
     for (const char* d : {"cpu", "ref"}) out.push_back({f, d});
   return out;
 }

@@ -106,41 +106,60 @@ TEST(Quant, ValidateRejectsWhatMlxNeverWrites) {
   EXPECT_THROW(parse_mode("int4"), Error);
 }
 
-// The quantized values of tests/fixtures/golden/qwen3_5_moe_mlx_4bit came from tools/make_golden.py's
-// quantizer (numpy, on the GPU machine) applied to qwen3_5_moe's bf16 weights. Ours must reproduce
-// every code, scale and bias bit for bit.
-TEST(Quant, MatchesThePythonReferenceQuantizerBitForBit) {
+// The quantized golden fixtures came from tools/make_golden.py's quantizers (numpy, on the GPU
+// machine) applied to their source fixture's bf16 weights. Ours must reproduce every code, scale and
+// bias bit for bit, in every mode and width the fixtures cover.
+class ReferenceQuantizer : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+
+TEST_P(ReferenceQuantizer, MatchesThePythonReferenceBitForBit) {
   const auto golden = std::filesystem::path(QINFER_TEST_DATA) / "golden";
-  models::Checkpoint source = models::open_checkpoint(golden / "qwen3_5_moe");
-  models::Checkpoint quantized = models::open_checkpoint(golden / "qwen3_5_moe_mlx_4bit");
+  models::Checkpoint source = models::open_checkpoint(golden / GetParam().first);
+  models::Checkpoint quantized = models::open_checkpoint(golden / GetParam().second);
   int tensors = 0;
   for (const auto& [name, t] : quantized.plan.tensors) {
     if (!t.quant || !name.ends_with(".weight")) continue;
     const std::string base = name.substr(0, name.size() - 7);
     const Layout layout{parse_mode(t.quant->mode), t.quant->bits, t.quant->group_size};
-    std::vector<float> w = source.plan.at(name).read_f32();
-    const int64_t in = source.plan.at(name).shape.back(), rows = static_cast<int64_t>(w.size()) / in;
-    std::vector<std::byte> want_codes = t.read_bytes();
-    std::vector<std::byte> want_scales = quantized.plan.at(base + ".scales").read_bytes();
-    std::vector<std::byte> want_biases = quantized.plan.at(base + ".biases").read_bytes();
+    const bool affine = layout.mode == Mode::affine;
+    const io::CanonicalTensor* original = source.plan.find(name);
+    if (original == nullptr) original = &source.plan.at("model.embed_tokens.weight");  // tied head
+    std::vector<float> w = original->read_f32();
+    const int64_t in = original->shape.back(), rows = static_cast<int64_t>(w.size()) / in;
+    const std::vector<std::byte> want_codes = t.read_bytes();
+    const std::vector<std::byte> want_scales = quantized.plan.at(base + ".scales").read_bytes();
+    const std::vector<std::byte> want_biases = affine ? quantized.plan.at(base + ".biases").read_bytes()
+                                                      : std::vector<std::byte>{};
     const auto* wc = reinterpret_cast<const uint32_t*>(want_codes.data());
-    const auto* ws = reinterpret_cast<const uint16_t*>(want_scales.data());
-    const auto* wb = reinterpret_cast<const uint16_t*>(want_biases.data());
     const int64_t words = packed_words(in, layout.bits), groups = in / layout.group_size;
     std::vector<uint32_t> codes(words);
     std::vector<float> scales(groups), biases(groups);
+    std::vector<uint8_t> scale_codes(groups);
     for (int64_t r = 0; r < rows; ++r) {
-      quantize_row(layout, w.data() + r * in, in, codes.data(), scales.data(), biases.data(), nullptr);
+      quantize_row(layout, w.data() + r * in, in, codes.data(), scales.data(), biases.data(), scale_codes.data());
       for (int64_t k = 0; k < words; ++k) ASSERT_EQ(codes[k], wc[r * words + k]) << name << " row " << r;
       for (int64_t g = 0; g < groups; ++g) {
-        ASSERT_EQ(f32_to_bf16(scales[g]), ws[r * groups + g]) << name << " row " << r << " group " << g;
-        ASSERT_EQ(f32_to_bf16(biases[g]), wb[r * groups + g]) << name << " row " << r << " group " << g;
+        if (affine) {
+          const auto* ws = reinterpret_cast<const uint16_t*>(want_scales.data());
+          const auto* wb = reinterpret_cast<const uint16_t*>(want_biases.data());
+          ASSERT_EQ(f32_to_bf16(scales[g]), ws[r * groups + g]) << name << " row " << r << " group " << g;
+          ASSERT_EQ(f32_to_bf16(biases[g]), wb[r * groups + g]) << name << " row " << r << " group " << g;
+        } else {
+          ASSERT_EQ(scale_codes[g], static_cast<uint8_t>(want_scales[r * groups + g])) << name << " row " << r;
+        }
       }
     }
     ++tensors;
   }
-  EXPECT_GT(tensors, 40);
+  EXPECT_GT(tensors, 20);
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceQuantizer,
+                         ::testing::Values(std::pair{"qwen3_5_moe", "qwen3_5_moe_mlx_4bit"},
+                                           std::pair{"qwen3", "qwen3_mlx_8bit"},
+                                           std::pair{"qwen3_5", "qwen3_5_mlx_6bit"},
+                                           std::pair{"qwen3_5", "qwen3_5_mlx_3bit"},
+                                           std::pair{"qwen3_5", "qwen3_5_mlx_mxfp4"}),
+                         [](const auto& info) { return std::string(info.param.second); });
 
 }  // namespace
 }  // namespace qinfer::quant

@@ -1,8 +1,9 @@
-// Paged causal GQA attention with an online softmax. One work item is (sequence, block of query
-// tokens, range of keys) over every head: a token's keys for all kv heads are one contiguous row of
-// the pool, so an item streams its pages front to back (prefetcher-friendly) and each key / value is
-// read from memory once and reused from cache by every query head of its group. Long contexts with
-// few items (decode) are split along the keys and merged afterwards.
+// Paged causal GQA attention with an online softmax (flash-attention style). One work item is
+// (sequence, block of query tokens, range of keys) over every head: a token's keys for all kv heads
+// are one contiguous row of the pool, so an item streams its pages front to back. Per tile of keys
+// and kv head, the scores of all the group's query rows are one small GEMM (Q·Kᵀ) and their
+// outputs another (P·V), so each key and value is read once for every query head and token of the
+// block. Long contexts with few items (decode) are split along the keys and merged afterwards.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,7 +21,7 @@ constexpr int64_t kMinSplitKeys = 512;  // keys below which splitting a row's ra
 struct Item {
   int64_t seq, t0, t1;  // tokens [t0, t1) of the sequence (indices within it)
   int64_t k0, k1;       // key positions [k0, k1)
-  int64_t partial;      // first row of this item's partial results: rows are (token, head)
+  int64_t partial;      // first row of this item's partial results: rows are (kv head, token, head in group)
 };
 
 struct Geometry {
@@ -46,16 +47,20 @@ void prefetch_tile(const Geometry& g, const int32_t* table, int64_t from, int64_
   }
 }
 
-// Runs one item: for each row (token, head), m (running max), l (running sum) and acc[head_dim]
-// (unnormalised output) over the item's keys, written to partial rows [m, l, acc...].
+// Runs one item: for each row, m (running max), l (running sum) and acc[head_dim] (unnormalised
+// output) over the item's keys, written to partial rows [m, l, acc...] in (kv head, token, head in
+// group) order, so that each group's rows are one matrix.
 void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq_start, int64_t cached, float scale,
               float* partial) {
-  const int64_t hd = g.head_dim, H = g.heads, rows = (it.t1 - it.t0) * H, width = hd + 2;
-  const int64_t row_stride = g.kv_heads * hd;
+  const int64_t hd = g.head_dim, G = g.group, tokens = it.t1 - it.t0, width = hd + 2;
+  const int64_t row_stride = g.kv_heads * hd, group_rows = tokens * G;
   thread_local std::vector<float> qs, scores;
-  qs.resize(rows * hd), scores.resize(kKeyTile);
-  ctx.k.scale_mul(g.q + (seq_start + it.t0) * H * hd, scale, nullptr, qs.data(), rows * hd);
-  for (int64_t r = 0; r < rows; ++r) {
+  qs.resize(g.kv_heads * group_rows * hd), scores.resize(group_rows * kKeyTile);
+  for (int64_t ti = 0; ti < tokens; ++ti)
+    for (int64_t kvh = 0; kvh < g.kv_heads; ++kvh)
+      ctx.k.scale_mul(g.q + ((seq_start + it.t0 + ti) * g.heads + kvh * G) * hd, scale, nullptr,
+                      qs.data() + (kvh * group_rows + ti * G) * hd, G * hd);
+  for (int64_t r = 0; r < g.kv_heads * group_rows; ++r) {
     float* p = partial + r * width;
     p[0] = -std::numeric_limits<float>::infinity(), p[1] = 0.0f;
     std::fill_n(p + 2, hd, 0.0f);
@@ -70,38 +75,37 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
       p += n;
     }
   };
+  float* S = scores.data();  // [active rows, kKeyTile]
   for (int64_t kt = it.k0; kt < key_end; kt += kKeyTile) {
-    const int64_t tile_end = std::min(kt + kKeyTile, key_end);
+    const int64_t tile_end = std::min(kt + kKeyTile, key_end), n_tile = tile_end - kt;
     prefetch_tile(g, table, tile_end, std::min(tile_end + kKeyTile, key_end));
-    // kv head outermost within the tile: the tile's pages are walked front to back per head, and
-    // the other heads' lines of the same pages are still in cache for the next head.
+    // Tokens see keys [0, cached + t + 1): those before `first` see none of this tile.
+    const int64_t first = std::max<int64_t>(0, kt - cached - it.t0), rows = (tokens - first) * G;
+    if (rows <= 0) continue;
     for (int64_t kvh = 0; kvh < g.kv_heads; ++kvh) {
-      const int64_t kv_offset = kvh * hd;
-      for (int64_t ti = it.t0; ti < it.t1; ++ti) {
-        const int64_t n_ctx = cached + ti + 1;  // keys [0, n_ctx) are visible to this token
-        const int64_t end = std::min(n_ctx, tile_end);
-        if (end <= kt) continue;
-        for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-          const int64_t r = (ti - it.t0) * H + h;
-          const float* qr = qs.data() + r * hd;
-          float* s = scores.data();
-          for_pages(g.k, kt, end, [&](const float* k, int64_t n, int64_t at) {
-            ctx.k.dots_strided(qr, k + kv_offset, n, row_stride, hd, s + at);
-          });
-          float* p = partial + r * width;
-          const float tile_max = ctx.k.max(s, end - kt);
-          if (tile_max > p[0]) {
-            const float correction = std::exp(p[0] - tile_max);  // 0 on the first tile (m = −inf)
-            p[1] *= correction;
-            ctx.k.scale(correction, p + 2, hd);
-            p[0] = tile_max;
-          }
-          p[1] += ctx.k.exp_sub_sum(s, p[0], end - kt);
-          for_pages(g.v, kt, end, [&](const float* v, int64_t n, int64_t at) {
-            ctx.k.axpys_strided(s + at, v + kv_offset, n, row_stride, hd, p + 2);
-          });
+      const int64_t row0 = kvh * group_rows + first * G;
+      const float* q = qs.data() + row0 * hd;
+      float* part = partial + row0 * width;
+      for_pages(g.k, kt, tile_end, [&](const float* k, int64_t n, int64_t at) {
+        ctx.k.gemm_nt(rows, n, hd, q, hd, k + kvh * hd, DType::f32, row_stride, S + at, kKeyTile, 1.0f, false);
+      });
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t visible = std::min(cached + it.t0 + first + r / G + 1, tile_end) - kt;
+        float* s = S + r * kKeyTile;
+        float* p = part + r * width;
+        const float tile_max = ctx.k.max(s, visible);
+        if (tile_max > p[0]) {
+          const float correction = std::exp(p[0] - tile_max);  // 0 on the first tile (m = −inf)
+          p[1] *= correction;
+          ctx.k.scale(correction, p + 2, hd);
+          p[0] = tile_max;
         }
+        p[1] += ctx.k.exp_sub_sum(s, p[0], visible);
+        std::fill(s + visible, s + n_tile, 0.0f);  // causally hidden
       }
+      for_pages(g.v, kt, tile_end, [&](const float* v, int64_t n, int64_t at) {
+        ctx.k.gemm_nn(rows, hd, n, S + at, kKeyTile, v + kvh * hd, row_stride, part + 2, width, 1.0f, true);
+      });
     }
   }
 }
@@ -176,9 +180,12 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
                      pool.k.ptr<float>(), pool.v.ptr<float>(), layout.block_table.data()};
   const int64_t width = hd + 2;
   std::vector<float> partial(partial_rows * width);
-  ctx.parallel(static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
+  // Causal prefill makes later token blocks dearer: visiting items first, last, second, second to
+  // last, ... gives every contiguous share of the pool a similar mix.
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  ctx.parallel(n_items, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const Item& it = items[i];
+      const Item& it = items[i % 2 == 0 ? i / 2 : n_items - 1 - i / 2];
       run_item(ctx, geo, it, cu[it.seq], layout.cached[it.seq], scale, partial.data() + it.partial * width);
     }
   });
@@ -188,9 +195,11 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
     for (int64_t gi = g0; gi < g1; ++gi) {
       const auto [first, last] = groups[gi];
       const Item& it0 = items[first];
-      const int64_t rows = (it0.t1 - it0.t0) * heads;
-      for (int64_t r = 0; r < rows; ++r) {
-        float* o = out.ptr<float>() + ((cu[it0.seq] + it0.t0) * heads + r) * hd;
+      const int64_t tokens = it0.t1 - it0.t0;
+      for (int64_t r = 0; r < tokens * heads; ++r) {
+        // Partial row r is (kv head, token, head in group).
+        const int64_t kvh = r / (tokens * group), ti = r / group % tokens, h = kvh * group + r % group;
+        float* o = out.ptr<float>() + ((cu[it0.seq] + it0.t0 + ti) * heads + h) * hd;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t i = first; i < last; ++i) m = std::max(m, partial[(items[i].partial + r) * width]);
         float l = 0.0f;

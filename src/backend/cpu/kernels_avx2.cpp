@@ -260,8 +260,9 @@ void gemm_nt_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
 // --- dot-product GEMM (decode) ------------------------------------------------------------------
 constexpr int kMR = 4, kNR = 3;
 // k and m blocks: an NR×KC block of B stays in L1 while the MR-row tiles of an MB×KC block of A
-// (in L2) pass over it, so B streams from memory once per MB rows of A.
-constexpr int64_t kKC = 1024, kMB = 64;
+// (in L2) pass over it, so B streams from memory once per MB rows of A. When all of A fits in L2
+// there is no k blocking: B's rows then stream front to back, as the prefetcher likes.
+constexpr int64_t kKC = 1024, kMB = 64, kWholeA = 1 << 16;
 // From this many rows of A the packed broadcast path wins: B's conversion and transposition are
 // paid once per M rows instead of once per MR.
 constexpr int64_t kPackMinRows = 32;
@@ -297,8 +298,9 @@ void gemm_nt_impl(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
     }
     return;
   }
-  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-    const int64_t kc = min64(kKC, K - k0);
+  const int64_t block = M * K <= kWholeA ? K : kKC;
+  for (int64_t k0 = 0; k0 < K; k0 += block) {
+    const int64_t kc = min64(block, K - k0);
     const bool overwrite = k0 == 0 && !accumulate;
     for (int64_t m0 = 0; m0 < M; m0 += kMB) {
       const int64_t m1 = min64(M, m0 + kMB);

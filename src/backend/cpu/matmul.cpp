@@ -46,36 +46,9 @@ std::vector<Segment> make_segments(const std::vector<int32_t>& experts, const st
   return segments;
 }
 
-}  // namespace
-
-// Tokens are grouped by expert (each (token, slot) pair becomes one row of its expert's batch), every
-// expert runs as a small GEMM over its rows, and each token then sums its k rows in slot order, so
-// the result does not depend on the threading.
-void moe_experts(const Context& ctx, const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate,
-                 const Tensor& up, const Tensor& down, Tensor& out) {
-  check_f32("moe_experts", "x", x, 2);
-  const int64_t T = x.dim(0), H = x.dim(1);
-  check_tensor("moe_experts", "ids", ids, 2);
-  QINFER_CHECK(ids.dtype == DType::i32 && ids.dim(0) == T, "cpu moe_experts: ids must be i32 [{}, k]", T);
-  const int64_t k = ids.dim(1);
-  check_f32("moe_experts", "weights", weights, 2);
-  check_shape("moe_experts", "weights", weights, {T, k});
-  check_weight("moe_experts", "gate", gate, 3);
-  const int64_t E = gate.dim(0), I = gate.dim(1);
-  check_shape("moe_experts", "gate", gate, {E, I, H});
-  check_weight("moe_experts", "up", up, 3);
-  check_shape("moe_experts", "up", up, {E, I, H});
-  check_weight("moe_experts", "down", down, 3);
-  check_shape("moe_experts", "down", down, {E, H, I});
-  check_f32("moe_experts", "out", out, 2);
-  check_shape("moe_experts", "out", out, {T, H});
-  QINFER_CHECK(out.data != x.data || out.numel() == 0, "cpu moe_experts: out must not alias x");
-  const int32_t* id = ids.ptr<int32_t>();
-  for (int64_t i = 0; i < T * k; ++i)
-    QINFER_CHECK(id[i] >= 0 && id[i] < E, "cpu moe_experts: ids[{}, {}] = {} is outside the {} experts", i / k, i % k,
-                 id[i], E);
-  if (T == 0) return;
-
+// One block of tokens: x [T, H], ids / weights [T, k], out [T, H] as raw rows.
+void moe_block(const Context& ctx, int64_t T, int64_t k, int64_t H, int64_t I, int64_t E, const float* x,
+               const int32_t* id, const float* weights, const Tensor* matrices[3], float* out) {
   // Rows of the grouped batch: expert e owns [offset[e], offset[e] + count[e]).
   const int64_t R = T * k;
   std::vector<int64_t> count(E, 0), offset(E + 1, 0), row_of(R);
@@ -99,10 +72,9 @@ void moe_experts(const Context& ctx, const Tensor& x, const Tensor& ids, const T
   float* up_out = act + R * I;  // [R, I]
   float* yd = up_out + R * I;   // [R, H]: each row's expert output
   ctx.parallel(R, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) std::copy_n(x.ptr<float>() + token_of[r] * H, H, xg + r * H);
+    for (int64_t r = r0; r < r1; ++r) std::copy_n(x + token_of[r] * H, H, xg + r * H);
   });
 
-  const Tensor* matrices[3] = {&gate, &up, &down};
   auto run = [&](const std::vector<Segment>& segments) {
     ctx.parallel(static_cast<int64_t>(segments.size()), 1, [&](int64_t s0, int64_t s1) {
       for (int64_t s = s0; s < s1; ++s) {
@@ -128,11 +100,53 @@ void moe_experts(const Context& ctx, const Tensor& x, const Tensor& ids, const T
 
   ctx.parallel(T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      float* o = out.ptr<float>() + t * H;
+      float* o = out + t * H;
       std::fill_n(o, H, 0.0f);
-      for (int64_t j = 0; j < k; ++j) ctx.k.axpy(weights.ptr<float>()[t * k + j], yd + row_of[t * k + j] * H, o, H);
+      for (int64_t j = 0; j < k; ++j) ctx.k.axpy(weights[t * k + j], yd + row_of[t * k + j] * H, o, H);
     }
   });
+}
+
+}  // namespace
+
+// Tokens are grouped by expert (each (token, slot) pair becomes one row of its expert's batch), every
+// expert runs as a small GEMM over its rows, and each token then sums its k rows in slot order, so
+// the result does not depend on the threading. Long batches go in blocks of tokens that keep the
+// grouped rows' scratch under ~256 MiB.
+void moe_experts(const Context& ctx, const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate,
+                 const Tensor& up, const Tensor& down, Tensor& out) {
+  check_f32("moe_experts", "x", x, 2);
+  const int64_t T = x.dim(0), H = x.dim(1);
+  check_tensor("moe_experts", "ids", ids, 2);
+  QINFER_CHECK(ids.dtype == DType::i32 && ids.dim(0) == T, "cpu moe_experts: ids must be i32 [{}, k]", T);
+  const int64_t k = ids.dim(1);
+  check_f32("moe_experts", "weights", weights, 2);
+  check_shape("moe_experts", "weights", weights, {T, k});
+  check_weight("moe_experts", "gate", gate, 3);
+  const int64_t E = gate.dim(0), I = gate.dim(1);
+  check_shape("moe_experts", "gate", gate, {E, I, H});
+  check_weight("moe_experts", "up", up, 3);
+  check_shape("moe_experts", "up", up, {E, I, H});
+  check_weight("moe_experts", "down", down, 3);
+  check_shape("moe_experts", "down", down, {E, H, I});
+  check_f32("moe_experts", "out", out, 2);
+  check_shape("moe_experts", "out", out, {T, H});
+  QINFER_CHECK(out.data != x.data || out.numel() == 0, "cpu moe_experts: out must not alias x");
+  const int32_t* id = ids.ptr<int32_t>();
+  for (int64_t i = 0; i < T * k; ++i)
+    QINFER_CHECK(id[i] >= 0 && id[i] < E, "cpu moe_experts: ids[{}, {}] = {} is outside the {} experts", i / k, i % k,
+                 id[i], E);
+  if (T == 0 || k == 0) {
+    std::fill_n(out.ptr<float>(), out.numel(), 0.0f);
+    return;
+  }
+  const Tensor* matrices[3] = {&gate, &up, &down};
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 26) / (k * (2 * H + 2 * I)));
+  for (int64_t t0 = 0; t0 < T; t0 += block) {
+    const int64_t n = std::min(block, T - t0);
+    moe_block(ctx, n, k, H, I, E, x.ptr<float>() + t0 * H, id + t0 * k, weights.ptr<float>() + t0 * k, matrices,
+              out.ptr<float>() + t0 * H);
+  }
 }
 
 }  // namespace qinfer::cpu

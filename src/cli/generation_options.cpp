@@ -1,0 +1,39 @@
+#include "cli/generation_options.h"
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace qinfer::cli {
+
+std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template) {
+  models::Checkpoint checkpoint = models::open_checkpoint(dir);
+  tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(dir);
+  auto loaded = std::unique_ptr<LoadedModel>(new LoadedModel{dir, std::move(checkpoint), make_cpu_ops(global_thread_pool()),
+                                                             nullptr, std::move(tok), std::nullopt, {}});
+  loaded->model = std::make_unique<models::Model>(loaded->checkpoint, *loaded->ops);
+  if (need_template) loaded->chat_template = tokenizer::ChatTemplate::from_model_dir(dir);
+  loaded->stop_ids = engine::stop_ids(dir, loaded->checkpoint.config, loaded->tokenizer);
+  return loaded;
+}
+
+void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
+  SamplingParams& s = f.options.sampling;
+  s.temperature = 0.7f;
+  s.top_p = 0.8f;
+  s.top_k = 20;
+  cmd->add_option("-n,--max-tokens", f.options.max_tokens, "most tokens to generate (default 512)");
+  cmd->add_option("--temp", s.temperature, "temperature; 0 = greedy (default 0.7)");
+  cmd->add_option("--top-p", s.top_p, "nucleus sampling mass (default 0.8)");
+  cmd->add_option("--top-k", s.top_k, "keep the k most likely tokens; 0 = off (default 20)");
+  cmd->add_option("--min-p", s.min_p, "drop tokens below min-p x the top probability (default 0)");
+  cmd->add_option("--repetition-penalty", s.repetition_penalty, "HF repetition penalty (default 1 = off)");
+  cmd->add_option("--presence-penalty", s.presence_penalty, "OpenAI presence penalty (default 0)");
+  cmd->add_option("--frequency-penalty", s.frequency_penalty, "OpenAI frequency penalty (default 0)");
+  cmd->add_option("--seed", s.seed, "sampling seed (default 0)");
+  cmd->add_option("--stop", f.options.stop, "stop string (repeatable)");
+  cmd->add_option("--think", f.think, "show or hide <think> reasoning in the output (default show)")
+      ->check(CLI::IsMember({"show", "hide"}));
+  cmd->add_flag("!--no-thinking", f.thinking, "ask the template to turn thinking off (enable_thinking=false)");
+}
+
+}  // namespace qinfer::cli

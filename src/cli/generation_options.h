@@ -1,0 +1,34 @@
+#pragma once
+// What `run` and `chat` share: loading a model with its tokenizer and chat template, and the
+// sampling flags.
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/generate.h"
+#include "tokenizer/chat_template.h"
+
+namespace qinfer::cli {
+
+struct LoadedModel {
+  std::filesystem::path dir;
+  models::Checkpoint checkpoint;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<models::Model> model;
+  tokenizer::Tokenizer tokenizer;
+  std::optional<tokenizer::ChatTemplate> chat_template;
+  std::vector<int32_t> stop_ids;
+};
+
+std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template);
+
+struct GenerationFlags {
+  engine::GenerationOptions options;
+  std::string think = "show";  // show | hide
+  bool thinking = true;        // enable_thinking for the template
+};
+void add_generation_flags(CLI::App* cmd, GenerationFlags& flags);
+
+}  // namespace qinfer::cli
