@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "models/eval.h"
+#include "models/quantize.h"
 #include "models/random_checkpoint.h"
 
 namespace qinfer::cli {
@@ -61,7 +62,7 @@ double median(std::vector<double> v) {
 void add_bench_command(CLI::App& app) {
   struct Options {
     std::string model, shape, device = "cpu";
-    int32_t prompt = 128, decode = 32;
+    int32_t prompt = 128, decode = 32, bits = 0;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed, and decode GB/s against a bandwidth probe");
@@ -69,6 +70,7 @@ void add_bench_command(CLI::App& app) {
   auto* shape_opt =
       cmd->add_option("--shape", o->shape, "random weights of a released shape: qwen3_5-0.8b, qwen3_5-4b, qwen3-0.6b, ...");
   model_opt->excludes(shape_opt);
+  cmd->add_option("--bits", o->bits, "with --shape: MLX affine-quantize the random weights to 2..8 bits (group 64) first");
   cmd->add_option("--device", o->device, "cpu (default)");
   cmd->add_option("--prompt", o->prompt, "prompt tokens for the prefill measurement (default 128)");
   cmd->add_option("--decode", o->decode, "decode steps to time (default 32)");
@@ -80,9 +82,17 @@ void add_bench_command(CLI::App& app) {
     std::filesystem::path scratch;
     if (!o->shape.empty()) {
       scratch = std::filesystem::temp_directory_path() / fmt::format("qinfer-bench-{}-{}", o->shape, ::getpid());
-      models::write_random_checkpoint(scratch, models::released_shape(o->shape), 1);
-      dir = scratch;
+      models::write_random_checkpoint(scratch / "bf16", models::released_shape(o->shape), 1);
+      dir = scratch / "bf16";
+      if (o->bits > 0) {
+        models::QuantizeOptions q;
+        q.layout = {quant::Mode::affine, o->bits, 64};
+        models::quantize_checkpoint(dir, scratch / "quantized", q);
+        std::filesystem::remove_all(dir);
+        dir = scratch / "quantized";
+      }
     }
+    QINFER_CHECK(o->bits == 0 || !o->shape.empty(), "--bits needs --shape (quantize a real checkpoint with qinfer quantize)");
     struct Cleanup {
       std::filesystem::path path;
       ~Cleanup() {
@@ -98,12 +108,12 @@ void add_bench_command(CLI::App& app) {
     models::Model model(ck, *ops);
     const double load_s = seconds_since(start);
     uint64_t params = 0;
-    for (const auto& [name, t] : ck.plan.tensors)
-      if (t.group == io::TensorGroup::text) {
-        uint64_t n = 1;
-        for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-        params += n;
-      }
+    for (const auto& [name, t] : ck.plan.tensors) {
+      if (t.group != io::TensorGroup::text || name.ends_with(".scales") || name.ends_with(".biases")) continue;
+      uint64_t n = 1;
+      for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+      params += t.quant ? n * 32 / static_cast<uint64_t>(t.quant->bits) : n;  // packed codes hold 32/bits each
+    }
 
     const double probe = measure_read_bandwidth_gbs(pool);
     std::mt19937 rng(7);
@@ -131,8 +141,12 @@ void add_bench_command(CLI::App& app) {
     const double step_s = median(steps);
     const double bytes = decode_step_bytes(ck, o->prompt + o->decode / 2);
     const double gbs = bytes / step_s / 1e9;
+    const std::string weights = ck.config.quantization
+                                    ? fmt::format("MLX {} {}-bit", ck.config.quantization->global.mode,
+                                                  ck.config.quantization->global.bits)
+                                    : (ck.config.text.dtype.empty() ? std::string("?") : ck.config.text.dtype);
     fmt::print("model            {} ({}, {:.2f} B parameters, weights {})\n", o->shape.empty() ? o->model : o->shape,
-               ck.family->name, static_cast<double>(params) / 1e9, ck.config.text.dtype.empty() ? "?" : ck.config.text.dtype);
+               ck.family->name, static_cast<double>(params) / 1e9, weights);
     fmt::print("device           cpu, {} threads; load {:.1f} s\n", pool.size(), load_s);
     fmt::print("prefill          {} tokens in {:.3f} s: {:.1f} tok/s\n", o->prompt, prefill_s, o->prompt / prefill_s);
     fmt::print("decode (batch 1) median {:.2f} ms/token over {} steps: {:.2f} tok/s\n", step_s * 1e3, o->decode,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/quantized_kernels.h"
 
 namespace qinfer::cpu {
 
@@ -18,10 +19,53 @@ void check_quantized(std::string_view op, std::string_view arg, const Weight& w,
                "cpu {}: {} scales/biases do not match its codes", op, arg);
 }
 
+namespace {
+
+// Affine 4/8-bit rows have a direct AVX2 dot (no dequantized row); other formats dequantize a row
+// into a thread-local buffer and dot it with every token.
+bool has_direct_dot(const Weight& w) {
+  return w.layout.mode == quant::Mode::affine && (w.layout.bits == 4 || w.layout.bits == 8) &&
+         w.layout.group_size % 8 == 0 && cpu_has_avx2();
+}
+
+}  // namespace
+
 void linear_quantized(const Context& ctx, const Tensor& x, const Weight& w, Tensor& y) {
   const int64_t T = x.dim(0), in = x.dim(1), out = y.dim(1);
+  // Each row's codes stay in L1 while every token reads them; past a few dozen tokens a dequantized
+  // f32 row is cheaper to share.
+  const bool direct = has_direct_dot(w) && T <= 64;
+  const int64_t groups = in / w.layout.group_size;
+  std::vector<float> group_sums;
+  if (direct) {
+    group_sums.resize(static_cast<size_t>(T * groups));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < groups; ++g) {
+        float s = 0;
+        for (int64_t j = 0; j < w.layout.group_size; ++j) s += x.ptr<float>()[t * in + g * w.layout.group_size + j];
+        group_sums[t * groups + g] = s;
+      }
+  }
   ctx.parallel(out, 8, [&](int64_t o0, int64_t o1) {
-    thread_local std::vector<float> row;
+    thread_local std::vector<float> row, scales, biases;
+    if (direct) {
+      scales.resize(static_cast<size_t>(groups));
+      biases.resize(static_cast<size_t>(groups));
+      const int64_t words = w.codes.shape.back();
+      for (int64_t o = o0; o < o1; ++o) {
+        const uint64_t at = static_cast<uint64_t>(o * groups);
+        ctx.k.to_f32(w.scales.dtype, static_cast<const char*>(w.scales.data) + storage_bytes(w.scales.dtype, at),
+                     scales.data(), groups);
+        ctx.k.to_f32(w.biases.dtype, static_cast<const char*>(w.biases.data) + storage_bytes(w.biases.dtype, at),
+                     biases.data(), groups);
+        const uint32_t* codes = w.codes.ptr<uint32_t>() + o * words;
+        for (int64_t t = 0; t < T; ++t)
+          y.ptr<float>()[t * out + o] =
+              affine_row_dot_avx2(x.ptr<float>() + t * in, group_sums.data() + t * groups, codes, scales.data(),
+                                  biases.data(), in, w.layout.group_size, w.layout.bits);
+      }
+      return;
+    }
     row.resize(static_cast<size_t>(in));
     for (int64_t o = o0; o < o1; ++o) {
       w.row_f32(o, row.data());
