@@ -62,7 +62,8 @@ void add_tokenize_command(CLI::App& app) {
     std::string line;
     for (size_t number = 1; std::getline(std::cin, line); ++number) {
       const json value = parse_line(line, number);
-      std::cout << (o->decode ? decode_line(tok, value, number, o->special) : encode_line(tok, value, number, o->special))
+      const bool special = o->special;
+      std::cout << (o->decode ? decode_line(tok, value, number, special) : encode_line(tok, value, number, special))
                 << '\n'
                 << std::flush;  // one answer per line, so a caller can drive it through a pipe
     }

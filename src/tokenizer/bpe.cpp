@@ -105,7 +105,8 @@ void Bpe::merge_word(std::string_view word, std::vector<int32_t>& out) const {
   const int32_t n = static_cast<int32_t>(word.size());
   symbols.resize(n);
   queue.clear();
-  for (int32_t i = 0; i < n; ++i) symbols[i] = {byte_tokens_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
+  for (int32_t i = 0; i < n; ++i)
+    symbols[i] = {byte_tokens_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
   const auto consider = [&](int32_t pos) {  // queue the pair starting at symbol `pos`, if it merges
     const int32_t next = symbols[pos].next;
     if (next < 0) return;

@@ -38,6 +38,11 @@ std::string nfc(std::string_view text) {
   size_t previous = 0;  // start of the code point before `i`
   for (size_t i = 0; i < text.size();) {
     const size_t start = i;
+    if (const auto lead = static_cast<uint8_t>(text[i]); lead < 0xCC) {  // below U+0300: inert
+      previous = start;
+      i += lead < 0x80 ? 1 : 2;
+      continue;
+    }
     if (inert(next_code_point(text, i))) {
       previous = start;
       continue;

@@ -57,7 +57,8 @@ bool read_normalizer(const json& node, const std::string& where) {
     const json& list = node.contains("normalizers") ? node["normalizers"] : json();
     QINFER_CHECK(list.is_array(), "{}.normalizers: expected an array", where);
     bool any = false;
-    for (size_t i = 0; i < list.size(); ++i) any |= read_normalizer(list[i], fmt::format("{}.normalizers[{}]", where, i));
+    for (size_t i = 0; i < list.size(); ++i)
+      any |= read_normalizer(list[i], fmt::format("{}.normalizers[{}]", where, i));
     return any;
   }
   fail("{}: normalizer type {:?} is not supported (qinfer supports null, NFC, or a Sequence of NFC)", where, type);
@@ -366,8 +367,9 @@ void Tokenizer::Impl::finish() {
   }
   raw_matcher = AddedTokenMatcher(std::move(raw));
   normalized_matcher = AddedTokenMatcher(std::move(normalized));
-  for (int32_t id : template_before) QINFER_CHECK(id >= 0 && size_t(id) < bytes.size(), "post-processor id {} is out of range", id);
-  for (int32_t id : template_after) QINFER_CHECK(id >= 0 && size_t(id) < bytes.size(), "post-processor id {} is out of range", id);
+  for (const auto* list : {&template_before, &template_after})
+    for (int32_t id : *list)
+      QINFER_CHECK(id >= 0 && size_t(id) < bytes.size(), "post_processor: special token id {} is out of range", id);
 }
 
 namespace {
