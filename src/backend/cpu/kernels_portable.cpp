@@ -1,5 +1,8 @@
 // Plain C++ kernels: the fallback for CPUs without AVX2/FMA/F16C, written so the compiler can still
 // vectorise them with the baseline instruction set (several independent accumulators, no aliasing).
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -219,7 +222,10 @@ const Kernels& portable_kernels() {
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C straight from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know it.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
   return false;
 #endif
