@@ -51,7 +51,8 @@ TEST(CpuKernels, GemmNtMatchesDoubleLoopsForEveryDtypeAndEdge) {
   std::mt19937 rng(1);
   struct Shape { int64_t M, N, K; };
   const Shape shapes[] = {{1, 1, 1},    {1, 9, 7},    {1, 17, 1025}, {2, 3, 8},     {3, 5, 33},  {5, 8, 257},
-                          {8, 19, 64},  {31, 7, 100}, {32, 16, 16},  {33, 33, 300}, {70, 40, 9}, {6, 200, 1030}};
+                          {8, 19, 64},  {31, 7, 100}, {32, 16, 16},  {33, 33, 300}, {70, 40, 9}, {6, 200, 1030},
+                          {20, 9, 4000}};  // the last: k-blocked dot path (M·K past what stays in L2)
   for (const Kernels* k : tables()) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       for (const Shape s : shapes) {

@@ -50,6 +50,17 @@ TEST(Sampling, GreedyTakesTheLowestIdAmongTiesAndSkipsNan) {
   EXPECT_EQ(pick({1.0f, 3.0f, 3.0f, -2.0f}, {}), 1);
   EXPECT_EQ(pick({NAN, 0.5f, NAN, 0.7f}, {}), 3);
   EXPECT_EQ(pick({-INFINITY, -1e30f}, {}), 1);
+  EXPECT_EQ(pick({0.0f, -0.0f}, {}), 0);  // −0 == +0: a tie, so the lower id
+  EXPECT_EQ(pick({-0.0f, 0.0f}, {}), 0);
+}
+
+// −inf is how callers mask tokens out; NaN must not poison the weights.
+TEST(Sampling, MaskedAndNanLogitsAreNeverDrawn) {
+  const std::vector<float> row = {-INFINITY, 0.3f, NAN, 0.1f, -INFINITY, -90.0f, 0.2f};
+  const auto counts = histogram(row, {.temperature = 1.0f, .seed = 77}, 3000);
+  EXPECT_EQ(support(counts), (std::set<int32_t>{1, 3, 6}));  // e^-90 is below the f32 weight floor too
+  EXPECT_EQ(pick({-INFINITY, -INFINITY}, {.temperature = 1.0f}), 0);
+  EXPECT_EQ(pick({NAN, NAN}, {.temperature = 1.0f}), 0);
 }
 
 TEST(Sampling, SeededDrawsAreReproducibleAndIndependentOfTheBatch) {

@@ -36,7 +36,7 @@ void add_linear(std::vector<Case>& cases) {
   struct Shape { int64_t T, in, out; };
   const Shape shapes[] = {{1, 1, 1},   {1, 63, 65},   {1, 127, 17},  {3, 17, 63},  {17, 65, 127},
                           {5, 1100, 19}, {1, 2055, 7}, {64, 96, 80}, {65, 127, 33}, {100, 300, 70},
-                          {1, 4096, 515}, {31, 257, 200}, {32, 129, 47}};
+                          {1, 4096, 515}, {31, 257, 200}, {32, 129, 47}, {17, 5000, 13}};
   for (DType dt : kWeightTypes) {
     for (const Shape s : shapes) {
       cases.push_back({"linear", fmt::format("{} T={} in={} out={}", name(dt), s.T, s.in, s.out), [=](Run& r) {

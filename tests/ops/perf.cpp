@@ -116,27 +116,32 @@ PerfCase linear_case(int64_t T, int64_t in, int64_t out, DType dt) {
           }};
 }
 
-PerfCase attention_case(int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd) {
-  return {fmt::format("attention decode {} cached h={} kv={} hd={}", cached, heads, kv_heads, hd), [=](Ops& ops, const Put& put) {
-            const int32_t bs = 16, blocks = static_cast<int32_t>((cached + 1 + bs - 1) / bs);
-            const double kv_bytes = 2.0 * (cached + 1) * kv_heads * hd * 4;
-            const int copies = copies_for(kv_bytes);
+// T new tokens after `cached` ones: T = 1 is a decode step; T > 1 a prefill chunk.
+PerfCase attention_case(int64_t T, int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd) {
+  const std::string kind = T == 1 ? fmt::format("decode {} cached", cached) : fmt::format("prefill {}+{}", cached, T);
+  return {fmt::format("attention {} h={} kv={} hd={}", kind, heads, kv_heads, hd), [=](Ops& ops, const Put& put) {
+            const int64_t n_keys = cached + T;
+            const int32_t bs = 16, blocks = static_cast<int32_t>((n_keys + bs - 1) / bs);
+            const double kv_bytes = 2.0 * n_keys * kv_heads * hd * 4;
+            const int copies = T == 1 ? copies_for(kv_bytes) : 1;
             auto pool = std::make_shared<KvPool>(KvPool{pattern_tensor(put, DType::f32, {copies * blocks, bs, kv_heads, hd}),
                                                         pattern_tensor(put, DType::f32, {copies * blocks, bs, kv_heads, hd})});
             auto layouts = std::make_shared<std::vector<AttentionLayout>>(copies);
             for (int c = 0; c < copies; ++c) {
               AttentionLayout& l = (*layouts)[c];
-              l.seqs.cu_seqlens = {0, 1};
+              l.seqs.cu_seqlens = {0, static_cast<int32_t>(T)};
               l.seqs.state_slot = {0};
               l.cached = {static_cast<int32_t>(cached)};
               l.block_size = bs, l.max_blocks = blocks;
               for (int32_t b = 0; b < blocks; ++b) l.block_table.push_back(c * blocks + b);
             }
-            auto q = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {1, heads, hd}));
-            auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {1, heads, hd}));
+            auto q = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, heads, hd}));
+            auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, heads, hd}));
             const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-            return Bench{[=, &ops](int i) { ops.attention(*q, *pool, (*layouts)[i % copies], scale, *out); }, kv_bytes,
-                         4.0 * heads * (cached + 1) * hd};
+            // Keys seen, summed over the causal rows: q·k and p·v are 2 flops per feature each.
+            const double pairs = T * cached + T * (T + 1) / 2.0;
+            return Bench{[=, &ops](int i) { ops.attention(*q, *pool, (*layouts)[i % copies], scale, *out); },
+                         kv_bytes + 8.0 * T * heads * hd, 4.0 * heads * hd * pairs};
           }};
 }
 
@@ -203,8 +208,9 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
       linear_case(1, 4096, 4096, DType::f32),
       linear_case(8, 4096, 4096, DType::bf16),
       linear_case(512, 1024, 3584, DType::bf16),
-      attention_case(4096, 8, 2, 256),
-      attention_case(4096, 32, 8, 128),
+      attention_case(1, 4096, 8, 2, 256),
+      attention_case(1, 4096, 32, 8, 128),
+      attention_case(512, 0, 8, 2, 256),
       gdn_case(1, GdnAlgorithm::recurrent, 16, 16, 128, 128),
       gdn_case(1024, GdnAlgorithm::chunked, 16, 16, 128, 128),
       gdn_case(1024, GdnAlgorithm::recurrent, 16, 16, 128, 128),

@@ -1,9 +1,10 @@
 // Paged causal GQA attention with an online softmax (flash-attention style). One work item is
 // (sequence, block of query tokens, range of keys) over every head: a token's keys for all kv heads
-// are one contiguous row of the pool, so an item streams its pages front to back. Per tile of keys
-// and kv head, the scores of all the group's query rows are one small GEMM (Q·Kᵀ) and their
-// outputs another (P·V), so each key and value is read once for every query head and token of the
-// block. Long contexts with few items (decode) are split along the keys and merged afterwards.
+// are one contiguous row of the pool, so an item streams its pages front to back, and each key and
+// value is read from memory once for every query head and token of the block. Per tile of keys and
+// kv head, a prefill block's query rows get their scores as one GEMM (Q·Kᵀ) and their outputs as
+// another (P·V); a decode step's few rows use dot products and weighted sums straight from the
+// pages. Long contexts with few items (decode) are split along the keys and merged afterwards.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,6 +18,7 @@ namespace {
 constexpr int64_t kQueryBlock = 16;    // query tokens per item
 constexpr int64_t kKeyTile = 64;       // keys per softmax update
 constexpr int64_t kMinSplitKeys = 512;  // keys below which splitting a row's range does not pay
+constexpr int64_t kGemmRows = 16;       // query rows per kv head above which a tile goes through GEMMs
 
 struct Item {
   int64_t seq, t0, t1;  // tokens [t0, t1) of the sequence (indices within it)
@@ -75,7 +77,11 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
       p += n;
     }
   };
-  float* S = scores.data();  // [active rows, kKeyTile]
+  thread_local std::vector<float> kv_tile;
+  kv_tile.resize(2 * kKeyTile * hd);
+  float* Kt = kv_tile.data();      // [n_tile, hd]: this kv head's keys of the tile, contiguous
+  float* Vt = Kt + kKeyTile * hd;  // [n_tile, hd]: its values
+  float* S = scores.data();        // [active rows, kKeyTile]
   for (int64_t kt = it.k0; kt < key_end; kt += kKeyTile) {
     const int64_t tile_end = std::min(kt + kKeyTile, key_end), n_tile = tile_end - kt;
     prefetch_tile(g, table, tile_end, std::min(tile_end + kKeyTile, key_end));
@@ -84,15 +90,29 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
     if (rows <= 0) continue;
     for (int64_t kvh = 0; kvh < g.kv_heads; ++kvh) {
       const int64_t row0 = kvh * group_rows + first * G;
-      const float* q = qs.data() + row0 * hd;
       float* part = partial + row0 * width;
-      for_pages(g.k, kt, tile_end, [&](const float* k, int64_t n, int64_t at) {
-        ctx.k.gemm_nt(rows, n, hd, q, hd, k + kvh * hd, DType::f32, row_stride, S + at, kKeyTile, 1.0f, false);
-      });
+      const float* q = qs.data() + row0 * hd;
+      // Few rows (decode): dot products and weighted sums straight from the pages. Many rows
+      // (prefill): the tile's keys and values gathered into contiguous rows (pool rows are
+      // kv_heads·hd apart, often 4 KiB, which would put a page's keys in one L1 set) for two GEMMs.
+      const bool gemm = rows > kGemmRows;
+      if (gemm) {
+        for (const auto& [pool, dst] : {std::pair{g.k, Kt}, std::pair{g.v, Vt}}) {
+          for_pages(pool, kt, tile_end, [&](const float* src, int64_t n, int64_t at) {
+            for (int64_t j = 0; j < n; ++j) std::copy_n(src + j * row_stride + kvh * hd, hd, dst + (at + j) * hd);
+          });
+        }
+        ctx.k.gemm_nt(rows, n_tile, hd, q, hd, Kt, DType::f32, hd, S, kKeyTile, 1.0f, false);
+      }
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t visible = std::min(cached + it.t0 + first + r / G + 1, tile_end) - kt;
         float* s = S + r * kKeyTile;
         float* p = part + r * width;
+        if (!gemm) {
+          for_pages(g.k, kt, kt + visible, [&](const float* k, int64_t n, int64_t at) {
+            ctx.k.dots_strided(q + r * hd, k + kvh * hd, n, row_stride, hd, s + at);
+          });
+        }
         const float tile_max = ctx.k.max(s, visible);
         if (tile_max > p[0]) {
           const float correction = std::exp(p[0] - tile_max);  // 0 on the first tile (m = −inf)
@@ -101,11 +121,15 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
           p[0] = tile_max;
         }
         p[1] += ctx.k.exp_sub_sum(s, p[0], visible);
-        std::fill(s + visible, s + n_tile, 0.0f);  // causally hidden
+        if (gemm) {
+          std::fill(s + visible, s + n_tile, 0.0f);  // causally hidden
+        } else {
+          for_pages(g.v, kt, kt + visible, [&](const float* v, int64_t n, int64_t at) {
+            ctx.k.axpys_strided(s + at, v + kvh * hd, n, row_stride, hd, p + 2);
+          });
+        }
       }
-      for_pages(g.v, kt, tile_end, [&](const float* v, int64_t n, int64_t at) {
-        ctx.k.gemm_nn(rows, hd, n, S + at, kKeyTile, v + kvh * hd, row_stride, part + 2, width, 1.0f, true);
-      });
+      if (gemm) ctx.k.gemm_nn(rows, hd, n_tile, S, kKeyTile, Vt, hd, part + 2, width, 1.0f, true);
     }
   }
 }
