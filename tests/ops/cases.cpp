@@ -52,6 +52,80 @@ void add_linear(std::vector<Case>& cases) {
   }
 }
 
+// An MLX-quantized [rows..., in] weight, quantized from normal(0, 0.5) values by the reference quantizer.
+Weight random_quantized(Rng& rng, const quant::Layout& layout, std::vector<int64_t> shape) {
+  const int64_t in = shape.back();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  std::vector<int64_t> packed = shape, grouped = shape;
+  packed.back() = quant::packed_words(in, layout.bits);
+  grouped.back() = in / layout.group_size;
+  const bool affine = layout.mode == quant::Mode::affine;
+  Weight w;
+  w.layout = layout;
+  w.codes = host_tensor(DType::u32, packed);
+  w.scales = host_tensor(affine ? DType::bf16 : DType::u8, grouped);
+  if (affine) w.biases = host_tensor(DType::bf16, grouped);
+  const int64_t groups = grouped.back();
+  std::vector<float> row(in), scales(groups), biases(groups);
+  std::vector<uint8_t> codes(groups);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : row) v = rng.normal(0.5f);
+    quant::quantize_row(layout, row.data(), in, w.codes.ptr<uint32_t>() + r * packed.back(), scales.data(),
+                        biases.data(), codes.data());
+    for (int64_t g = 0; g < groups; ++g) {
+      if (affine) {
+        w.scales.ptr<uint16_t>()[r * groups + g] = f32_to_bf16(scales[g]);
+        w.biases.ptr<uint16_t>()[r * groups + g] = f32_to_bf16(biases[g]);
+      } else {
+        w.scales.ptr<uint8_t>()[r * groups + g] = codes[g];
+      }
+    }
+  }
+  return w;
+}
+
+// Quantized weights reach the device through the same transfers as any tensor.
+Weight put_weight(Run& r, const Weight& w) {
+  Weight out = w;
+  out.codes = r.put(w.codes);
+  out.scales = r.put(w.scales);
+  if (w.biases.data) out.biases = r.put(w.biases);
+  return out;
+}
+
+// Every MLX format and affine width: decode (T=1, the direct dot), small and prefill token counts.
+void add_linear_quantized(std::vector<Case>& cases) {
+  std::vector<quant::Layout> layouts;
+  for (int bits : {2, 3, 4, 5, 6, 8}) layouts.push_back({quant::Mode::affine, bits, bits == 3 ? 32 : 64});
+  layouts.push_back({quant::Mode::affine, 4, 128});
+  layouts.push_back({quant::Mode::mxfp4, 4, 32});
+  layouts.push_back({quant::Mode::nvfp4, 4, 16});
+  layouts.push_back({quant::Mode::mxfp8, 8, 32});
+  for (const quant::Layout& layout : layouts) {
+    for (int64_t T : {1, 5, 70}) {
+      const int64_t in = 256, out = 67;
+      cases.push_back({"linear", fmt::format("{} {}-bit g{} T={} in={} out={}", quant::traits(layout.mode).name,
+                                             layout.bits, layout.group_size, T, in, out),
+                       [=](Run& r) {
+                         Tensor x = random_tensor(r.rng, DType::f32, {T, in});
+                         Weight w = random_quantized(r.rng, layout, {out, in});
+                         Tensor y_ref = host_tensor(DType::f32, {T, out});
+                         r.ref.linear(x, w, y_ref);
+                         Tensor y = r.dut.alloc(DType::f32, {T, out});
+                         r.dut.linear(r.put(x), put_weight(r, w), y);
+                         r.compare("y", y, y_ref, kTol);
+                         Tensor ids = i32_tensor({3}, {0, out - 1, 7});
+                         Tensor e_ref = host_tensor(DType::f32, {3, in});
+                         r.ref.embedding(ids, w, e_ref);
+                         Tensor e = r.dut.alloc(DType::f32, {3, in});
+                         r.dut.embedding(r.put(ids), put_weight(r, w), e);
+                         r.compare("embedding", e, e_ref, 0.0);
+                       }});
+    }
+  }
+}
+
 void add_embedding(std::vector<Case>& cases) {
   struct Shape { int64_t V, H, T; };
   for (DType dt : kWeightTypes) {
@@ -403,6 +477,7 @@ void add_sample(std::vector<Case>& cases) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   add_linear(cases);
+  add_linear_quantized(cases);
   add_embedding(cases);
   add_norms(cases);
   add_rope(cases);
