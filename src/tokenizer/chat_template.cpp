@@ -175,7 +175,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir) {
   if (std::filesystem::exists(jinja_path)) return ChatTemplate(read_file(jinja_path), jinja_path.string(), config);
   if (config.contains("chat_template")) {
     const ordered_json& t = config["chat_template"];
-    const std::string origin = config_path.string() + " chat_template";
+    const std::string origin = config_path.string() + "[chat_template]";
     if (t.is_string()) return ChatTemplate(t.get<std::string>(), origin, config);
     QINFER_CHECK(t.is_array(), "{}: expected a string or a list of {{name, template}}, got {}", origin, json_type(t));
     std::vector<std::pair<std::string, std::string>> named;

@@ -73,13 +73,14 @@ Value repeat(const Value& seq, int64_t times) {
   times = std::max<int64_t>(times, 0);
   if (seq.is_string()) {
     const std::string& s = seq.as_string();
-    if (s.size() * static_cast<size_t>(times) > kMaxBuiltSize) raise(ErrorKind::limit, "string repetition too large");
+    if (static_cast<size_t>(times) > kMaxBuiltSize / std::max<size_t>(s.size(), 1))
+      raise(ErrorKind::limit, "string repetition too large");
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += s;
     return out;
   }
   const ValueList& items = seq.as_list();
-  if (items.size() * static_cast<size_t>(times) > kMaxBuiltSize / sizeof(Value))
+  if (static_cast<size_t>(times) > kMaxBuiltSize / sizeof(Value) / std::max<size_t>(items.size(), 1))
     raise(ErrorKind::limit, "list repetition too large");
   ValueList out;
   for (int64_t i = 0; i < times; ++i) out.insert(out.end(), items.begin(), items.end());

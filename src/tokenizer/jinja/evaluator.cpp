@@ -1,6 +1,9 @@
-// The tree-walking evaluator. Scoping follows Jinja2's compiled code: every for-loop iteration,
-// macro call and with-block gets a fresh scope whose parent is where it was written; `if` gets
-// none; assignments go to the innermost scope, so `set` inside a loop never leaks out of it.
+// The tree-walking evaluator. Scoping follows Jinja2's compiled code: every for loop (emptied at
+// each iteration), macro call, with-block and set/filter block gets a scope whose parent is where
+// it was written; `if` gets none; assignments go to the innermost scope, so `set` inside a loop
+// never leaks out of it.
+#include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include "tokenizer/jinja/ast.h"
@@ -16,7 +19,9 @@ using namespace ast;
 // Python's default recursion limit is 1000 frames; a few macro levels use several each.
 constexpr int kMaxCallDepth = 200;
 
-struct Scope {
+struct Scope : std::enable_shared_from_this<Scope> {
+  explicit Scope(std::shared_ptr<Scope> parent = nullptr) : parent(std::move(parent)) {}
+
   std::shared_ptr<Scope> parent;
   std::unordered_map<std::string, Value> vars;
 
@@ -27,6 +32,8 @@ struct Scope {
   }
 };
 using ScopePtr = std::shared_ptr<Scope>;
+
+ScopePtr child(const ScopePtr& parent) { return std::make_shared<Scope>(parent); }
 
 // Jinja's LoopContext over an already materialized (and filtered) sequence.
 class LoopContext : public Object {
@@ -79,6 +86,11 @@ struct NotConstant {};
 class Evaluator {
  public:
   explicit Evaluator(const std::string& source) : source_(source) {}
+  // Namespaces are the only mutable values, so only they can close a reference cycle
+  // (`set ns.me = ns`); emptying the ones this render assigned to frees them.
+  ~Evaluator() {
+    for (const auto& [id, ns] : mutated_namespaces_) ns.as_dict() = Dict();
+  }
 
   enum class Flow { next, break_, continue_ };
 
@@ -129,7 +141,7 @@ class Evaluator {
     if (node.filter) {
       ValueList kept;
       for (Value& item : items) {
-        auto probe = std::make_shared<Scope>(Scope{scope, {}});
+        auto probe = child(scope);
         assign(*node.target, item, *probe);
         if (!eval(*node.filter, probe).truthy()) continue;
         // Jinja filters with a generator over the unpacked target, so items become tuples.
@@ -143,15 +155,22 @@ class Evaluator {
     // Jinja clears its "no iteration" flag at the end of the body, so an iteration left by
     // break or continue does not count: `else` runs unless some body ran to its end.
     bool completed_a_body = false;
+    // One frame for the whole loop, emptied at each iteration (so reads before a `set` see the
+    // outer value): a macro defined in the loop sees the current iteration's variables, as the
+    // Python closures Jinja compiles to do.
+    auto frame = child(scope);
     for (size_t i = 0; i < shared->size(); ++i) {
-      auto iteration = std::make_shared<Scope>(Scope{scope, {}});
-      iteration->vars["loop"] = Value(std::make_shared<LoopContext>(shared, i, last_changed));
-      assign(*node.target, (*shared)[i], *iteration);
-      const Flow flow = exec(node.body, iteration);
+      frame->vars.clear();
+      frame->vars["loop"] = Value(std::make_shared<LoopContext>(shared, i, last_changed));
+      assign(*node.target, (*shared)[i], *frame);
+      const Flow flow = exec(node.body, frame);
       if (flow == Flow::break_) break;
       completed_a_body = completed_a_body || flow == Flow::next;
     }
-    if (!completed_a_body) return exec(node.otherwise, std::make_shared<Scope>(Scope{scope, {}}));
+    // Jinja resets the loop's variables when it ends; a macro called later finds them unset.
+    for (auto& [name, value] : frame->vars) value = Value::undefined(fmt::format("'{}' is undefined", name));
+    *last_changed = Value();  // loop.changed(loop) would otherwise keep itself alive
+    if (!completed_a_body) return exec(node.otherwise, child(scope));
     return Flow::next;
   }
 
@@ -161,7 +180,7 @@ class Evaluator {
   }
 
   Flow run(const SetBlock& node, int, const ScopePtr& scope) {
-    Value text = capture(node.body, std::make_shared<Scope>(Scope{scope, {}}));
+    Value text = capture(node.body, child(scope));
     assign(*node.target, node.filter ? apply_filters(*node.filter, text, scope) : text, *scope);
     return Flow::next;
   }
@@ -181,15 +200,14 @@ class Evaluator {
   }
 
   Flow run(const FilterBlock& node, int, const ScopePtr& scope) {
-    out += to_str(apply_filters(*node.filter, capture(node.body, std::make_shared<Scope>(Scope{scope, {}})), scope));
+    out += to_str(apply_filters(*node.filter, capture(node.body, child(scope)), scope));
     return Flow::next;
   }
 
   Flow run(const With& node, int, const ScopePtr& scope) {
-    auto inner = std::make_shared<Scope>(Scope{scope, {}});
+    auto inner = child(scope);
     for (const auto& [target, value] : node.assignments) assign(*target, eval(*value, scope), *inner);
-    exec(node.body, inner);
-    return Flow::next;
+    return exec(node.body, inner);  // with is inline in Jinja: break and continue pass through
   }
 
   Flow run(const Break&, int, const ScopePtr&) { return Flow::break_; }
@@ -209,7 +227,8 @@ class Evaluator {
   }
 
   Value make_macro(const MacroDef& def, const ScopePtr& scope) {
-    return Value(std::make_shared<Macro>(Macro{def.name, &def, scope}));
+    closures_.push_back(scope);
+    return Value(std::make_shared<Macro>(Macro{def.name, &def, scope.get()}));
   }
 
   void assign(const Expr& target, const Value& value, Scope& scope) {
@@ -222,6 +241,7 @@ class Evaluator {
       if (!ns) raise(ErrorKind::undefined, "'{}' is undefined", ref->name);
       if (ns->kind() != Kind::namespace_) raise(ErrorKind::type, "cannot assign attribute on non-namespace object");
       ns->as_dict().set(Value(ref->attribute), value);
+      mutated_namespaces_.emplace(ns->identity(), *ns);
       return;
     }
     const auto& targets = std::get<ListExpr>(target.node).items;
@@ -376,7 +396,8 @@ class Evaluator {
   Value call_macro(const Macro& macro, CallArgs& args) {
     const auto& def = *static_cast<const MacroDef*>(macro.definition);
     if (depth_ >= kMaxCallDepth) raise(ErrorKind::limit, "macro calls nested more than {} deep", kMaxCallDepth);
-    auto scope = std::make_shared<Scope>(Scope{std::static_pointer_cast<Scope>(macro.closure), {}});
+    auto* closure = static_cast<Scope*>(macro.closure);
+    auto scope = child(closure->shared_from_this());
     const size_t n = def.params.size(), first_default = n - def.defaults.size();
     if (args.positional.size() > n && !def.uses_varargs)
       raise(ErrorKind::type, "macro '{}' takes not more than {} argument(s)", def.name, n);
@@ -524,6 +545,8 @@ class Evaluator {
   const std::string& source_;
   int depth_ = 0;
   bool folding_ = false;
+  std::vector<ScopePtr> closures_;         // scopes that define macros, alive for the whole render
+  std::unordered_map<const void*, Value> mutated_namespaces_;
 };
 
 }  // namespace
@@ -545,8 +568,6 @@ Template::Template(std::string_view source, std::string name) : impl_(std::make_
 Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
-
-const std::string& Template::name() const { return impl_->name; }
 
 std::string Template::render(const Dict& context) const {
   auto root = std::make_shared<Scope>();

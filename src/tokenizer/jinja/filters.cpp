@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "tokenizer/jinja/builtins.h"

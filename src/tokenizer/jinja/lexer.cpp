@@ -1,6 +1,8 @@
 #include "tokenizer/jinja/lexer.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 
 #include "tokenizer/jinja/error.h"
 #include "tokenizer/jinja/pystr.h"
@@ -11,6 +13,22 @@ namespace {
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_name_start(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c >= 0x80; }
 bool is_name_char(unsigned char c) { return is_name_start(c) || is_digit(static_cast<char>(c)); }
+
+// Jinja's own clean-up before lexing: \r\n and \r become \n, and one trailing newline goes.
+std::string normalize_newlines(std::string_view source) {
+  std::string out;
+  out.reserve(source.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      out += '\n';
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    } else {
+      out += source[i];
+    }
+  }
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
 
 class Lexer {
  public:
@@ -391,21 +409,6 @@ class Lexer {
 };
 
 }  // namespace
-
-std::string normalize_newlines(std::string_view source) {
-  std::string out;
-  out.reserve(source.size());
-  for (size_t i = 0; i < source.size(); ++i) {
-    if (source[i] == '\r') {
-      out += '\n';
-      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
-    } else {
-      out += source[i];
-    }
-  }
-  if (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
 
 std::vector<Token> tokenize(std::string_view source) { return Lexer(normalize_newlines(source)).run(); }
 

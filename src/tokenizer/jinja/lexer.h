@@ -23,7 +23,4 @@ struct Token {
 // Throws Error(syntax) with the line of the problem.
 std::vector<Token> tokenize(std::string_view source);
 
-// Jinja's own source clean-up before lexing: \r\n and \r become \n, and one trailing newline goes.
-std::string normalize_newlines(std::string_view source);
-
 }  // namespace qinfer::jinja

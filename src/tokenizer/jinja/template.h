@@ -27,8 +27,9 @@ class Template {
   Template& operator=(Template&&) noexcept;
 
   // Renders with `context` as the template's variables (range, namespace and dict are built in).
+  // Each call has its own state, so one Template may render on several threads at once.
+  // Namespaces in `context` that the template assigns to are emptied when the render ends.
   std::string render(const Dict& context) const;
-  const std::string& name() const;
 
  private:
   struct Impl;

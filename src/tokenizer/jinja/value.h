@@ -153,11 +153,12 @@ struct Function {
   std::function<Value(CallArgs&)> call;
 };
 
-// A template macro: the evaluator knows what `definition` and `closure` are.
+// A template macro: the evaluator knows what `definition` and `closure` are. The closure is not
+// owned (the scope holding a macro would own itself); the evaluator keeps it alive for the render.
 struct Macro {
   std::string name;
   const void* definition = nullptr;
-  std::shared_ptr<void> closure;
+  void* closure = nullptr;
 };
 
 struct Object {
