@@ -1,19 +1,10 @@
 // Qwen3-MoE: Qwen3 attention with a softmax top-k router over SwiGLU experts; layers listed in
 // mlp_only_layers (or off the decoder_sparse_step grid) keep a dense MLP.
-#include "models/common/tensor_specs.h"
+// Its tensor list is Qwen3's: add_attention_layers places MoE where the config has experts.
 #include "models/families.h"
+#include "models/qwen3/qwen3.h"
 
 namespace qinfer::models {
-namespace {
-
-Expected expected(const io::TextConfig& c, bool /*with_mtp*/) {
-  Expected out;
-  add_embedding_and_head(out, c);
-  add_attention_layers(out, c);
-  return out;
-}
-
-}  // namespace
 
 const Family& qwen3_moe_family() {
   static const Family family{
@@ -22,7 +13,7 @@ const Family& qwen3_moe_family() {
       .description = "Qwen3 mixture of experts",
       .accepts = [](const io::ModelConfig& c) { return c.model_type == "qwen3_moe" && c.text.num_experts > 0; },
       .capabilities = [](const io::ModelConfig&) { return Capabilities{.moe = true}; },
-      .rules = {.vlm_naming = false, .zero_centred_norms = false, .expected = expected},
+      .rules = {.vlm_naming = false, .zero_centred_norms = false, .expected = qwen3::expected_tensors},
   };
   return family;
 }
