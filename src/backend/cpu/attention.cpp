@@ -97,7 +97,10 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
       // kv_heads·hd apart, often 4 KiB, which would put a page's keys in one L1 set) for two GEMMs.
       const bool gemm = rows > kGemmRows;
       if (gemm) {
-        for (const auto& [pool, dst] : {std::pair{g.k, Kt}, std::pair{g.v, Vt}}) {
+        for (const auto& pair : {std::pair{g.k, Kt}, std::pair{g.v, Vt}}) {
+          // Named copies: clang 14 cannot capture structured bindings in the lambda below.
+          const auto pool = pair.first;
+          float* const dst = pair.second;
           for_pages(pool, kt, tile_end, [&](const float* src, int64_t n, int64_t at) {
             for (int64_t j = 0; j < n; ++j) std::copy_n(src + j * row_stride + kvh * hd, hd, dst + (at + j) * hd);
           });
