@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <string>
@@ -59,21 +60,47 @@ void ThreadPool::run_chunks(Job& job) {
   }
 }
 
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long an idle worker spins before it sleeps: longer than the gap between two ops of a decode
+// step, short enough that an idle process stops using the CPU at once.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+}  // namespace
+
 void ThreadPool::worker_loop() {
   t_in_parallel_for = true;
-  size_t seen_generation = 0;
-  std::unique_lock lock(mutex_);
+  size_t seen = 0;  // the generation at construction: a job submitted before this thread ran is still seen
   while (true) {
-    wake_.wait(lock, [&] { return stop_ || generation_ != seen_generation; });
-    if (stop_) return;
-    seen_generation = generation_;
-    Job* job = job_;
-    if (job == nullptr) continue;  // woke after that job already completed
+    size_t now = generation_.load();
+    const auto deadline = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 0; now == seen && !stop_.load(std::memory_order_relaxed); ++i) {
+      cpu_relax();
+      now = generation_.load();
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) break;
+    }
+    if (now == seen) {
+      std::unique_lock lock(mutex_);
+      ++sleepers_;  // before the predicate reads generation_: a submitter either sees us or we see it
+      wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      --sleepers_;
+      now = generation_.load();
+    }
+    if (stop_.load()) return;
+    seen = now;
+    // Registered as busy before reading job_: the submitter clears job_ and then waits for busy == 0,
+    // so a job read here is still alive until this worker leaves it.
     ++busy_workers_;
-    lock.unlock();
-    run_chunks(*job);
-    lock.lock();
-    if (--busy_workers_ == 0) idle_.notify_all();
+    if (Job* job = job_.load()) run_chunks(*job);
+    --busy_workers_;
   }
 }
 
@@ -83,22 +110,22 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
 
   std::lock_guard submit(submit_mutex_);
   Job job(body, n, std::min(n, size()));
-  {
+  job_ = &job;
+  ++generation_;
+  if (sleepers_.load() > 0) {
     std::lock_guard lock(mutex_);
-    job_ = &job;
-    ++generation_;
+    wake_.notify_all();
   }
-  wake_.notify_all();
 
   t_in_parallel_for = true;
   run_chunks(job);
   t_in_parallel_for = false;
-  {
-    // Every chunk is claimed once the caller's loop ends; wait for workers still inside this job,
-    // then unpublish it so a late-waking worker cannot touch it.
-    std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return busy_workers_ == 0; });
-    job_ = nullptr;
+  // Every chunk is claimed once the caller's loop ends; unpublish the job, then wait for workers
+  // still inside it (they finish their last chunk).
+  job_ = nullptr;
+  for (int i = 0; busy_workers_.load() != 0; ++i) {
+    if (i < 4096) cpu_relax();
+    else std::this_thread::yield();
   }
   if (job.error) std::rethrow_exception(job.error);
 }

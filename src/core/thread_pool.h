@@ -1,5 +1,8 @@
 #pragma once
 // A fixed pool of worker threads for data-parallel loops on the CPU (loading, quantizing, CPU ops).
+// A decode step is hundreds of short parallel loops, so idle workers spin briefly before sleeping:
+// waking a sleeping thread costs microseconds per loop, more than a small loop itself.
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -29,12 +32,13 @@ class ThreadPool {
   static void run_chunks(Job& job);
 
   std::mutex submit_mutex_;  // one job at a time when several outside threads submit
-  std::mutex mutex_;
-  std::condition_variable wake_, idle_;
-  Job* job_ = nullptr;
-  size_t generation_ = 0;  // bumped per job so a worker never misses or repeats one
-  size_t busy_workers_ = 0;
-  bool stop_ = false;
+  std::mutex mutex_;         // guards sleeping on wake_
+  std::condition_variable wake_;
+  std::atomic<Job*> job_{nullptr};
+  std::atomic<size_t> generation_{0};  // bumped per job so a worker never misses or repeats one
+  std::atomic<size_t> busy_workers_{0};  // workers that may hold job_; the job outlives them
+  std::atomic<size_t> sleepers_{0};
+  std::atomic<bool> stop_{false};
   std::vector<std::thread> workers_;
 };
 

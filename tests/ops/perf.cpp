@@ -116,6 +116,41 @@ PerfCase linear_case(int64_t T, int64_t in, int64_t out, DType dt) {
           }};
 }
 
+// An MLX-quantized [out, in] weight: codes a fixed bit pattern, scales and biases ≈0.01.
+PerfCase linear_quantized_case(int64_t T, int64_t in, int64_t out, quant::Layout layout) {
+  return {fmt::format("linear {} {}-bit g{} {}x{}->{}", quant::traits(layout.mode).name, layout.bits,
+                      layout.group_size, T, in, out),
+          [=](Ops& ops, const Put& put) {
+            const bool affine = layout.mode == quant::Mode::affine;
+            const DType scale_type = affine ? DType::bf16 : DType::u8;
+            Weight host;
+            host.layout = layout;
+            host.codes = host_tensor(DType::u32, {out, quant::packed_words(in, layout.bits)});
+            std::fill_n(host.codes.ptr<uint32_t>(), host.codes.numel(), 0x9E3779B9u);
+            const double weight_bytes = static_cast<double>(host.codes.nbytes()) +
+                                        (affine ? 2.0 : 1.0) * storage_bytes(scale_type, out * (in / layout.group_size));
+            const int copies = T == 1 ? copies_for(weight_bytes) : 1;
+            auto w = std::make_shared<std::vector<Weight>>();
+            for (int c = 0; c < copies; ++c) {
+              Weight wc = host;
+              wc.codes = put(host.codes);
+              if (affine) {
+                wc.scales = pattern_tensor(put, DType::bf16, {out, in / layout.group_size});
+                wc.biases = pattern_tensor(put, DType::bf16, {out, in / layout.group_size});
+              } else {
+                Tensor s = host_tensor(DType::u8, {out, in / layout.group_size});
+                std::fill_n(s.ptr<uint8_t>(), s.numel(), uint8_t{120});
+                wc.scales = put(s);
+              }
+              w->push_back(wc);
+            }
+            auto x = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, in}));
+            auto y = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, out}));
+            return Bench{[=, &ops](int i) { ops.linear(*x, (*w)[i % copies], *y); },
+                         weight_bytes + 4.0 * T * (in + out), 2.0 * T * in * out};
+          }};
+}
+
 // T new tokens after `cached` ones: T = 1 is a decode step; T > 1 a prefill chunk.
 PerfCase attention_case(int64_t T, int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd) {
   const std::string kind = T == 1 ? fmt::format("decode {} cached", cached) : fmt::format("prefill {}+{}", cached, T);
@@ -208,6 +243,12 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
       linear_case(1, 4096, 4096, DType::f32),
       linear_case(8, 4096, 4096, DType::bf16),
       linear_case(512, 1024, 3584, DType::bf16),
+      linear_quantized_case(1, 4096, 4096, {quant::Mode::affine, 4, 64}),
+      linear_quantized_case(1, 4096, 4096, {quant::Mode::affine, 8, 64}),
+      linear_quantized_case(1, 4096, 12288, {quant::Mode::affine, 4, 64}),
+      linear_quantized_case(1, 12288, 4096, {quant::Mode::affine, 4, 64}),
+      linear_quantized_case(8, 4096, 4096, {quant::Mode::affine, 4, 64}),
+      linear_quantized_case(1, 4096, 4096, {quant::Mode::mxfp4, 4, 32}),
       attention_case(1, 4096, 8, 2, 256),
       attention_case(1, 4096, 32, 8, 128),
       attention_case(512, 0, 8, 2, 256),

@@ -23,9 +23,9 @@ namespace {
 
 // Affine 4/8-bit rows have a direct AVX2 dot (no dequantized row); other formats dequantize a row
 // into a thread-local buffer and dot it with every token.
-bool has_direct_dot(const Weight& w) {
-  return w.layout.mode == quant::Mode::affine && (w.layout.bits == 4 || w.layout.bits == 8) &&
-         w.layout.group_size % 8 == 0 && cpu_has_avx2();
+bool has_direct_dot(const Weight& w, int64_t in) {
+  return w.layout.mode == quant::Mode::affine && affine_direct_supported(w.layout.bits, w.layout.group_size, in) &&
+         cpu_has_avx2();
 }
 
 }  // namespace
@@ -34,17 +34,15 @@ void linear_quantized(const Context& ctx, const Tensor& x, const Weight& w, Tens
   const int64_t T = x.dim(0), in = x.dim(1), out = y.dim(1);
   // Each row's codes stay in L1 while every token reads them; past a few dozen tokens a dequantized
   // f32 row is cheaper to share.
-  const bool direct = has_direct_dot(w) && T <= 64;
+  const bool direct = has_direct_dot(w, in) && T <= 64;
   const int64_t groups = in / w.layout.group_size;
-  std::vector<float> group_sums;
+  std::vector<float> lanes, group_sums;
   if (direct) {
+    lanes.resize(static_cast<size_t>(T * in));
     group_sums.resize(static_cast<size_t>(T * groups));
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t g = 0; g < groups; ++g) {
-        float s = 0;
-        for (int64_t j = 0; j < w.layout.group_size; ++j) s += x.ptr<float>()[t * in + g * w.layout.group_size + j];
-        group_sums[t * groups + g] = s;
-      }
+      prepare_affine_input(x.ptr<float>() + t * in, in, w.layout.bits, w.layout.group_size, lanes.data() + t * in,
+                           group_sums.data() + t * groups);
   }
   ctx.parallel(out, 8, [&](int64_t o0, int64_t o1) {
     thread_local std::vector<float> row, scales, biases;
@@ -61,7 +59,7 @@ void linear_quantized(const Context& ctx, const Tensor& x, const Weight& w, Tens
         const uint32_t* codes = w.codes.ptr<uint32_t>() + o * words;
         for (int64_t t = 0; t < T; ++t)
           y.ptr<float>()[t * out + o] =
-              affine_row_dot_avx2(x.ptr<float>() + t * in, group_sums.data() + t * groups, codes, scales.data(),
+              affine_row_dot_avx2(lanes.data() + t * in, group_sums.data() + t * groups, codes, scales.data(),
                                   biases.data(), in, w.layout.group_size, w.layout.bits);
       }
       return;

@@ -1,10 +1,12 @@
 // AVX2 dot products of f32 activations with MLX affine 4- and 8-bit rows, without materializing the
-// dequantized row: per group g, Σ x·(s·q + b) = s·Σ x·q + b·Σ x, with Σ x per group computed once per
-// token. Compiled with -mavx2 -mfma -mf16c; called only after cpu_has_avx2().
+// dequantized row: per group g, Σ x·(s·q + b) = s·Σ x·q + b·Σ x. Eight packed words are loaded at once
+// and each code position is masked in place; the activations were permuted and pre-scaled by
+// prepare_affine_input so that the masked integer converts straight to the right float product.
+// Compiled with -mavx2 -mfma -mf16c; called only after cpu_has_avx2().
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "backend/cpu/quantized_kernels.h"
 
@@ -18,45 +20,113 @@ float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Σ_j x[j]·q[j] over one group of `n` (multiple of 8) 4-bit codes starting at word `w`.
-inline __m256 dot4(const float* x, const uint32_t* w, int64_t n, __m256 acc) {
-  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-  const __m256i mask = _mm256_set1_epi32(0xF);
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[j / 8])), shifts), mask);
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_cvtepi32_ps(codes), acc);
-  }
-  return acc;
+// Σ over one block of 8 words of code·lane, per lane (the caller scales by the group's scale).
+// 4-bit: 8 codes per lane. Codes 0..6 are masked in place (at most 15·2^24 < 2^31, exact in f32);
+// the top one is shifted down so the sign bit never makes it negative.
+// Masks for code i in place: 4-bit rows 0..6 (0xF << 4i), 8-bit rows 7..9 (0xFF << 8i).
+alignas(32) constexpr uint32_t kMaskTable[10][8] = {
+#define QINFER_ROW(m) {m, m, m, m, m, m, m, m}
+    QINFER_ROW(0xFu),        QINFER_ROW(0xF0u),     QINFER_ROW(0xF00u),     QINFER_ROW(0xF000u),
+    QINFER_ROW(0xF0000u),    QINFER_ROW(0xF00000u), QINFER_ROW(0xF000000u), QINFER_ROW(0xFFu),
+    QINFER_ROW(0xFF00u),     QINFER_ROW(0xFF0000u),
+#undef QINFER_ROW
+};
+
+// The table's address hidden from the optimizer: otherwise GCC rebuilds each constant from a
+// general register (two port-5 uops) on every use instead of a folded memory operand.
+inline const __m256i* masks() {
+  const void* p = kMaskTable;
+  asm("" : "+r"(p));
+  return static_cast<const __m256i*>(p);
 }
 
-inline __m256 dot8(const float* x, const uint32_t* w, int64_t n, __m256 acc) {
-  const auto* bytes = reinterpret_cast<const uint8_t*>(w);
-  for (int64_t j = 0; j < n; j += 8) {
-    __m128i eight;
-    std::memcpy(&eight, bytes + j, 8);  // low 8 bytes; the rest of the register is ignored
-    const __m256i codes = _mm256_cvtepu8_epi32(eight);
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_cvtepi32_ps(codes), acc);
-  }
-  return acc;
+inline __m256 code(__m256i v, const __m256i* mask) { return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_load_si256(mask))); }
+
+inline __m256 block4(__m256i v, const float* x, const __m256i* m) {
+  __m256 a0 = _mm256_mul_ps(code(v, m + 0), _mm256_loadu_ps(x));
+  __m256 a1 = _mm256_mul_ps(code(v, m + 1), _mm256_loadu_ps(x + 8));
+  a0 = _mm256_fmadd_ps(code(v, m + 2), _mm256_loadu_ps(x + 16), a0);
+  a1 = _mm256_fmadd_ps(code(v, m + 3), _mm256_loadu_ps(x + 24), a1);
+  a0 = _mm256_fmadd_ps(code(v, m + 4), _mm256_loadu_ps(x + 32), a0);
+  a1 = _mm256_fmadd_ps(code(v, m + 5), _mm256_loadu_ps(x + 40), a1);
+  a0 = _mm256_fmadd_ps(code(v, m + 6), _mm256_loadu_ps(x + 48), a0);
+  a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 28)), _mm256_loadu_ps(x + 56), a1);
+  return _mm256_add_ps(a0, a1);
+}
+
+// 8-bit: 4 codes per lane.
+inline __m256 block8(__m256i v, const float* x, const __m256i* m) {
+  __m256 a0 = _mm256_mul_ps(code(v, m + 7), _mm256_loadu_ps(x));
+  __m256 a1 = _mm256_mul_ps(code(v, m + 8), _mm256_loadu_ps(x + 8));
+  a0 = _mm256_fmadd_ps(code(v, m + 9), _mm256_loadu_ps(x + 16), a0);
+  a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 24)), _mm256_loadu_ps(x + 24), a1);
+  return _mm256_add_ps(a0, a1);
+}
+
+inline __m256i load_words(const uint32_t* w) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)); }
+
+// A block's per-lane scale: one group per block, or (4-bit, groups of 32) two halves.
+inline __m256 split_scale(float low, float high) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(low)), _mm_set1_ps(high), 1);
 }
 
 }  // namespace
 
-float affine_row_dot_avx2(const float* x, const float* x_group_sums, const uint32_t* codes, const float* scales,
+bool affine_direct_supported(int bits, int group_size, int64_t in) {
+  return group_size >= 32 && ((bits == 4 && in % 64 == 0) || (bits == 8 && in % 32 == 0));
+}
+
+void prepare_affine_input(const float* x, int64_t in, int bits, int group_size, float* lanes, float* group_sums) {
+  const int per_lane = 32 / bits, block = 8 * per_lane;
+  for (int64_t b = 0; b < in; b += block)
+    for (int i = 0; i < per_lane; ++i) {
+      const float factor = i + 1 == per_lane ? 1.0f : std::ldexp(1.0f, -bits * i);
+      for (int l = 0; l < 8; ++l) lanes[b + i * 8 + l] = x[b + l * per_lane + i] * factor;
+    }
+  for (int64_t g = 0; g < in / group_size; ++g) {
+    float s = 0;
+    for (int j = 0; j < group_size; ++j) s += x[g * group_size + j];
+    group_sums[g] = s;
+  }
+}
+
+float affine_row_dot_avx2(const float* lanes, const float* group_sums, const uint32_t* codes, const float* scales,
                           const float* biases, int64_t in, int group_size, int bits) {
   const int64_t groups = in / group_size;
-  const int64_t words_per_group = group_size * bits / 32;
-  __m256 total = _mm256_setzero_ps();
-  float bias_part = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) {
-    const float* xg = x + g * group_size;
-    const uint32_t* wg = codes + g * words_per_group;
-    const __m256 acc = bits == 4 ? dot4(xg, wg, group_size, _mm256_setzero_ps())
-                                 : dot8(xg, wg, group_size, _mm256_setzero_ps());
-    total = _mm256_fmadd_ps(_mm256_set1_ps(scales[g]), acc, total);
-    bias_part += biases[g] * x_group_sums[g];
+  __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
+  const int block = bits == 4 ? 64 : 32;  // elements per 8 words
+  const __m256i* m = masks();
+  const auto block_sum = [&](int64_t k) {  // block k's per-lane Σ code·lane
+    return bits == 4 ? block4(load_words(codes + 8 * k), lanes + 64 * k, m)
+                     : block8(load_words(codes + 8 * k), lanes + 32 * k, m);
+  };
+  if (group_size < block) {
+    // 4-bit groups of 32: each block holds two groups, one per 128-bit half.
+    for (int64_t k = 0; k < in / 64; ++k)
+      t0 = _mm256_fmadd_ps(split_scale(scales[2 * k], scales[2 * k + 1]), block_sum(k), t0);
+  } else {
+    // Groups in pairs into two totals: the scale-and-add chain is the only dependency between groups.
+    const int64_t per_group = group_size / block;
+    const auto group_sum = [&](int64_t g) {
+      __m256 p = block_sum(g * per_group);
+      for (int64_t k = 1; k < per_group; ++k) p = _mm256_add_ps(p, block_sum(g * per_group + k));
+      return p;
+    };
+    int64_t g = 0;
+    for (; g + 1 < groups; g += 2) {
+      t0 = _mm256_fmadd_ps(_mm256_set1_ps(scales[g]), group_sum(g), t0);
+      t1 = _mm256_fmadd_ps(_mm256_set1_ps(scales[g + 1]), group_sum(g + 1), t1);
+    }
+    if (g < groups) t0 = _mm256_fmadd_ps(_mm256_set1_ps(scales[g]), group_sum(g), t0);
   }
-  return hsum(total) + bias_part;
+  // Bias term: Σ_g b_g · Σ x over g.
+  __m256 bias = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8)
+    bias = _mm256_fmadd_ps(_mm256_loadu_ps(biases + g), _mm256_loadu_ps(group_sums + g), bias);
+  float tail = 0.0f;
+  for (; g < groups; ++g) tail += biases[g] * group_sums[g];
+  return hsum(_mm256_add_ps(_mm256_add_ps(t0, t1), bias)) + tail;
 }
 
 }  // namespace qinfer::cpu
