@@ -34,6 +34,7 @@ class ModelCache {
   // Recurrent-state slots; a new slot starts from zero state.
   int32_t allocate_slot();
   void free_slot(int32_t slot);
+  int64_t free_slots() const { return static_cast<int64_t>(free_slots_.size()); }
 
   // A copy of one slot's recurrent state in every linear-attention layer.
   struct StateSnapshot {

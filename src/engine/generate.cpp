@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "engine/text_stream.h"
 #include "models/eval.h"
 
 namespace qinfer::engine {
@@ -13,18 +14,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// Longest suffix of `text` that is a proper prefix of one of `needles`: text that must wait.
-size_t held_back(std::string_view text, const std::vector<std::string>& needles) {
-  size_t hold = 0;
-  for (const std::string& n : needles)
-    for (size_t len = std::min(n.size() - 1, text.size()); len > hold; --len)
-      if (text.substr(text.size() - len) == std::string_view(n).substr(0, len)) {
-        hold = len;
-        break;
-      }
-  return hold;
-}
 
 }  // namespace
 
@@ -76,8 +65,7 @@ GenerationResult generate(models::Model& model, const tokenizer::Tokenizer& toke
 
   start = Clock::now();
   std::vector<std::vector<int32_t>> history = {prompt};
-  tokenizer::StreamDecoder decoder(tokenizer);
-  std::string pending;  // decoded text not yet emitted (may begin a stop string)
+  TextStream stream(tokenizer, options.stop);
   result.finish_reason = "length";
   for (int32_t i = 0; i < options.max_tokens; ++i) {
     if (options.cancel && options.cancel->load()) {
@@ -93,32 +81,18 @@ GenerationResult generate(models::Model& model, const tokenizer::Tokenizer& toke
     }
     result.tokens.push_back(token);
     history[0].push_back(token);
-    pending += decoder.push(token);
-    bool stopped = false;
-    for (const std::string& s : options.stop) {
-      if (auto at = pending.find(s); at != std::string::npos) {
-        pending.resize(at);
-        stopped = true;
-      }
-    }
-    if (stopped) {
-      on_text(pending);
-      pending.clear();
+    if (const std::string text = stream.push(token); !text.empty()) on_text(text);
+    if (stream.stopped()) {
       result.finish_reason = "stop";
       break;
-    }
-    const size_t hold = held_back(pending, options.stop);
-    if (pending.size() > hold) {
-      on_text(std::string_view(pending).substr(0, pending.size() - hold));
-      pending.erase(0, pending.size() - hold);
     }
     if (i + 1 == options.max_tokens) break;
     models::Batch step;
     step.sequences.push_back({{token}, &seq, false});
     logits = model.forward(step, cache);
   }
-  if (result.finish_reason != "stop") pending += decoder.finish();
-  if (!pending.empty()) on_text(pending);
+  if (!stream.stopped())
+    if (const std::string rest = stream.finish(); !rest.empty()) on_text(rest);
   result.decode_seconds = since(start);
   return result;
 }

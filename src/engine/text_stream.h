@@ -1,0 +1,35 @@
+#pragma once
+// Generated ids to final text, shared by generate() and the scheduler: UTF-8-complete chunks
+// (tokenizer::StreamDecoder), cut before the first stop string, holding back any tail that may still
+// grow into one.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace qinfer::engine {
+
+class TextStream {
+ public:
+  TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop);
+
+  // The text that became final with this token. When it completes a stop string, stopped() turns
+  // true and the text ends right before the match; push no further tokens then.
+  std::string push(int32_t token);
+  // The held-back rest (and any unfinished UTF-8 bytes, as U+FFFD) when the stream ends without a
+  // stop string: at max_tokens, the context limit or a stop id.
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  tokenizer::StreamDecoder decoder_;
+  std::vector<std::string> stop_;
+  std::string pending_;  // decoded text not yet final (may begin a stop string)
+  bool stopped_ = false;
+};
+
+// Length of the longest suffix of `text` that is a proper prefix of one of `needles`.
+size_t held_back(std::string_view text, const std::vector<std::string>& needles);
+
+}  // namespace qinfer::engine
