@@ -9,6 +9,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "core/bandwidth.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -66,7 +67,7 @@ void add_bench_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed, and decode GB/s against a bandwidth probe");
-  auto* model_opt = cmd->add_option("--model", o->model, "checkpoint folder");
+  auto* model_opt = cmd->add_option("--model", o->model, "checkpoint folder (default: the bundled demo model)");
   auto* shape_opt =
       cmd->add_option("--shape", o->shape, "random weights of a released shape: qwen3_5-0.8b, qwen3_5-4b, qwen3-0.6b, ...");
   model_opt->excludes(shape_opt);
@@ -75,7 +76,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prompt", o->prompt, "prompt tokens for the prefill measurement (default 128)");
   cmd->add_option("--decode", o->decode, "decode steps to time (default 32)");
   cmd->callback([o] {
-    QINFER_CHECK(!o->model.empty() || !o->shape.empty(), "bench: give --model DIR or --shape NAME");
+    if (o->shape.empty()) o->model = model_or_default(o->model);
     QINFER_CHECK(o->device == "cpu", "--device {}: this build benchmarks the cpu backend", o->device);
     QINFER_CHECK(o->prompt > 0 && o->decode > 0, "--prompt and --decode must be positive");
     std::filesystem::path dir = o->model;

@@ -25,11 +25,11 @@ void add_chat_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("chat", "Interactive multi-turn chat (/reset, /exit; Ctrl-C stops an answer)");
-  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files")->required();
+  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files (default: the bundled demo model)");
   cmd->add_option("--system", o->system, "system message");
   add_generation_flags(cmd, o->flags);
   cmd->callback([o] {
-    auto m = load_model(o->model, true);
+    auto m = load_model((o->model = model_or_default(o->model)), true);
     struct sigaction action {};
     action.sa_handler = [](int) { g_cancel = true; };
     sigemptyset(&action.sa_mask);

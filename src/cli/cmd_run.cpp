@@ -24,7 +24,7 @@ void add_run_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("run", "Generate a reply to one prompt, streamed to stdout");
-  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files")->required();
+  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files (default: the bundled demo model)");
   cmd->add_option("-p,--prompt", o->prompt, "the prompt (user message)")->required();
   cmd->add_option("--system", o->system, "system message");
   cmd->add_flag("--raw", o->raw, "send the prompt as is, without the chat template");
@@ -32,7 +32,7 @@ void add_run_command(CLI::App& app) {
   cmd->callback([o] {
     QINFER_CHECK(tokenizer::is_valid_utf8(o->prompt), "--prompt: not valid UTF-8 (at byte {})",
                  tokenizer::valid_utf8_prefix(o->prompt));
-    auto m = load_model(o->model, !o->raw);
+    auto m = load_model((o->model = model_or_default(o->model)), !o->raw);
     std::string text = o->prompt;
     if (!o->raw) {
       nlohmann::ordered_json request = {{"messages", nlohmann::ordered_json::array()}};
@@ -61,6 +61,7 @@ void add_run_command(CLI::App& app) {
       std::fwrite(rest.data(), 1, rest.size(), stdout);
     }
     std::fputc('\n', stdout);
+    std::fflush(stdout);  // the statistics line (stderr) comes after the text
     std::signal(SIGINT, SIG_DFL);
     fmt::print(stderr, "prompt {} tokens, {:.1f} tok/s; generated {} tokens, {:.1f} tok/s; finish: {}\n",
                r.prompt_tokens, r.prompt_tokens / std::max(r.prefill_seconds, 1e-9), r.tokens.size(),

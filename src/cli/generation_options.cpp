@@ -1,9 +1,44 @@
 #include "cli/generation_options.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
 #include "core/error.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
 
 namespace qinfer::cli {
+
+std::string default_model_dir() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back(exe.parent_path().parent_path() / "models" / "demo");  // build/qinfer
+    candidates.push_back(exe.parent_path() / "models" / "demo");                // installed beside it
+  }
+  candidates.push_back(fs::path(QINFER_SOURCE_DIR) / "models" / "demo");
+  std::string looked;
+  std::vector<std::string> seen;
+  for (const fs::path& candidate : candidates) {
+    const std::string dir = candidate.lexically_normal().string();
+    if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
+    seen.push_back(dir);
+    if (fs::exists(fs::path(dir) / "config.json", ec)) return dir;
+    looked += (looked.empty() ? "" : ", ") + dir;
+  }
+  fail("no --model given and the bundled demo model is not where it should be (looked in {})", looked);
+}
+
+std::string model_or_default(const std::string& model) {
+  if (!model.empty()) return model;
+  std::string dir = default_model_dir();
+  log_info("no --model given: using the bundled demo model at {}", dir);
+  return dir;
+}
 
 std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template) {
   models::Checkpoint checkpoint = models::open_checkpoint(dir);

@@ -24,6 +24,13 @@ struct LoadedModel {
 
 std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template);
 
+// The model used when no --model is given: the bundled demo model, models/demo/ of the source tree
+// (found beside the binary's build folder, or at the source path this binary was built from).
+// Throws naming the places it looked when there is none.
+std::string default_model_dir();
+// `model` itself, or default_model_dir() when it is empty (logged, so the user knows what runs).
+std::string model_or_default(const std::string& model);
+
 struct GenerationFlags {
   engine::GenerationOptions options;
   std::string think = "show";  // show | hide

@@ -98,13 +98,17 @@ Weight put_weight(Run& r, const Weight& w) {
 void add_linear_quantized(std::vector<Case>& cases) {
   std::vector<quant::Layout> layouts;
   for (int bits : {2, 3, 4, 5, 6, 8}) layouts.push_back({quant::Mode::affine, bits, bits == 3 ? 32 : 64});
-  layouts.push_back({quant::Mode::affine, 4, 128});
+  // Every group size of the direct 4/8-bit dots (groups narrower than, equal to and wider than a block).
+  for (int group : {32, 128}) layouts.push_back({quant::Mode::affine, 4, group});
+  for (int group : {32, 128}) layouts.push_back({quant::Mode::affine, 8, group});
   layouts.push_back({quant::Mode::mxfp4, 4, 32});
   layouts.push_back({quant::Mode::nvfp4, 4, 16});
   layouts.push_back({quant::Mode::mxfp8, 8, 32});
   for (const quant::Layout& layout : layouts) {
-    for (int64_t T : {1, 5, 70}) {
-      const int64_t in = 256, out = 67;
+    // in = 192: a whole number of AVX2 blocks but not of AVX-512 ones (4-bit), so both kernels run.
+    for (auto [T, in] : {std::pair<int64_t, int64_t>{1, 256}, {5, 256}, {70, 256}, {3, 192}}) {
+      if (in % layout.group_size != 0) continue;
+      const int64_t out = 67;
       cases.push_back({"linear", fmt::format("{} {}-bit g{} T={} in={} out={}", quant::traits(layout.mode).name,
                                              layout.bits, layout.group_size, T, in, out),
                        [=](Run& r) {

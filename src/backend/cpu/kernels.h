@@ -53,7 +53,8 @@ struct Kernels {
 
 const Kernels& portable_kernels();
 const Kernels& avx2_kernels();
-bool cpu_has_avx2();  // AVX2 + FMA + F16C, checked at run time
+bool cpu_has_avx2();    // AVX2 + FMA + F16C, checked at run time
+bool cpu_has_avx512();  // AVX-512 F/BW/VL as well (used by the quantized GEMV)
 // avx2_kernels() where the CPU has it, else portable_kernels().
 const Kernels& best_kernels();
 

@@ -231,6 +231,15 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 const Kernels& best_kernels() { return cpu_has_avx2() ? avx2_kernels() : portable_kernels(); }
 
 }  // namespace qinfer::cpu

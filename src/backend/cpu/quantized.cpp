@@ -21,11 +21,15 @@ void check_quantized(std::string_view op, std::string_view arg, const Weight& w,
 
 namespace {
 
-// Affine 4/8-bit rows have a direct AVX2 dot (no dequantized row); other formats dequantize a row
-// into a thread-local buffer and dot it with every token.
-bool has_direct_dot(const Weight& w, int64_t in) {
-  return w.layout.mode == quant::Mode::affine && affine_direct_supported(w.layout.bits, w.layout.group_size, in) &&
-         cpu_has_avx2();
+// Affine 4/8-bit rows have a direct AVX-512 or AVX2 dot (no dequantized row): the lanes of the
+// widest one this CPU and shape allow, 0 for none. Other formats dequantize a row into a thread-local
+// buffer and dot it with every token.
+int direct_dot_lanes(const Weight& w, int64_t in) {
+  if (w.layout.mode != quant::Mode::affine) return 0;
+  static const bool avx512 = cpu_has_avx512(), avx2 = cpu_has_avx2();
+  if (avx512 && affine_direct_supported(w.layout.bits, w.layout.group_size, in, 16)) return 16;
+  if (avx2 && affine_direct_supported(w.layout.bits, w.layout.group_size, in, 8)) return 8;
+  return 0;
 }
 
 }  // namespace
@@ -34,20 +38,21 @@ void linear_quantized(const Context& ctx, const Tensor& x, const Weight& w, Tens
   const int64_t T = x.dim(0), in = x.dim(1), out = y.dim(1);
   // Each row's codes stay in L1 while every token reads them; past a few dozen tokens a dequantized
   // f32 row is cheaper to share.
-  const bool direct = has_direct_dot(w, in) && T <= 64;
+  const int lanes_per_vector = T <= 64 ? direct_dot_lanes(w, in) : 0;
+  const bool direct = lanes_per_vector > 0;
   const int64_t groups = in / w.layout.group_size;
   std::vector<float> lanes, group_sums;
   if (direct) {
     lanes.resize(static_cast<size_t>(T * in));
     group_sums.resize(static_cast<size_t>(T * groups));
     for (int64_t t = 0; t < T; ++t)
-      prepare_affine_input(x.ptr<float>() + t * in, in, w.layout.bits, w.layout.group_size, lanes.data() + t * in,
-                           group_sums.data() + t * groups);
+      prepare_affine_input(x.ptr<float>() + t * in, in, w.layout.bits, w.layout.group_size, lanes_per_vector,
+                           lanes.data() + t * in, group_sums.data() + t * groups);
   }
   ctx.parallel(out, 8, [&](int64_t o0, int64_t o1) {
     thread_local std::vector<float> row, scales, biases;
     if (direct) {
-      scales.resize(static_cast<size_t>(groups));
+      scales.resize(static_cast<size_t>(groups) + 16);  // the AVX-512 kernel loads 16 scales at a time
       biases.resize(static_cast<size_t>(groups));
       const int64_t words = w.codes.shape.back();
       for (int64_t o = o0; o < o1; ++o) {
@@ -57,10 +62,10 @@ void linear_quantized(const Context& ctx, const Tensor& x, const Weight& w, Tens
         ctx.k.to_f32(w.biases.dtype, static_cast<const char*>(w.biases.data) + storage_bytes(w.biases.dtype, at),
                      biases.data(), groups);
         const uint32_t* codes = w.codes.ptr<uint32_t>() + o * words;
+        const auto dot = lanes_per_vector == 16 ? affine_row_dot_avx512 : affine_row_dot_avx2;
         for (int64_t t = 0; t < T; ++t)
-          y.ptr<float>()[t * out + o] =
-              affine_row_dot_avx2(lanes.data() + t * in, group_sums.data() + t * groups, codes, scales.data(),
-                                  biases.data(), in, w.layout.group_size, w.layout.bits);
+          y.ptr<float>()[t * out + o] = dot(lanes.data() + t * in, group_sums.data() + t * groups, codes,
+                                            scales.data(), biases.data(), in, w.layout.group_size, w.layout.bits);
       }
       return;
     }

@@ -72,24 +72,6 @@ inline __m256 split_scale(float low, float high) {
 
 }  // namespace
 
-bool affine_direct_supported(int bits, int group_size, int64_t in) {
-  return group_size >= 32 && ((bits == 4 && in % 64 == 0) || (bits == 8 && in % 32 == 0));
-}
-
-void prepare_affine_input(const float* x, int64_t in, int bits, int group_size, float* lanes, float* group_sums) {
-  const int per_lane = 32 / bits, block = 8 * per_lane;
-  for (int64_t b = 0; b < in; b += block)
-    for (int i = 0; i < per_lane; ++i) {
-      const float factor = i + 1 == per_lane ? 1.0f : std::ldexp(1.0f, -bits * i);
-      for (int l = 0; l < 8; ++l) lanes[b + i * 8 + l] = x[b + l * per_lane + i] * factor;
-    }
-  for (int64_t g = 0; g < in / group_size; ++g) {
-    float s = 0;
-    for (int j = 0; j < group_size; ++j) s += x[g * group_size + j];
-    group_sums[g] = s;
-  }
-}
-
 float affine_row_dot_avx2(const float* lanes, const float* group_sums, const uint32_t* codes, const float* scales,
                           const float* biases, int64_t in, int group_size, int bits) {
   const int64_t groups = in / group_size;

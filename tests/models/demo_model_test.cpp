@@ -1,0 +1,163 @@
+// The bundled demo model (models/demo, made by tools/train_demo) against the transformers reference stored
+// beside it (models/demo/reference): logits in prefill and decode on the cpu backend (relative RMS <= 1e-2,
+// argmax identical where the reference top-2 margin is >= 1e-2), greedy tokens up to the first near-tie,
+// the tokenizer on the stored prompt texts, the chat template, and the checkpoint layout it exports.
+// A missing model fails every test: the demo is part of the repository.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/thread_pool.h"
+#include "io/json.h"
+#include "models/eval.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qinfer::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kDemo = (fs::path(QINFER_TEST_DATA) / ".." / ".." / "models" / "demo").lexically_normal();
+const fs::path kReference = kDemo / "reference";
+
+struct Reference {
+  io::json doc;
+  std::vector<std::vector<int32_t>> prompts, greedy;
+  std::vector<std::vector<float>> logits, margins;
+  int64_t vocab = 0;
+};
+
+Reference load_reference() {
+  Reference r;
+  r.doc = io::read_json_file(kReference / "reference.json");
+  r.prompts = r.doc["prompts"].get<std::vector<std::vector<int32_t>>>();
+  r.greedy = r.doc["greedy"].get<std::vector<std::vector<int32_t>>>();
+  r.margins = r.doc["greedy_margins"].get<std::vector<std::vector<float>>>();
+  for (size_t k = 0; k < r.prompts.size(); ++k) {
+    const auto shape = r.doc["shape"][k].get<std::vector<int64_t>>();
+    EXPECT_EQ(shape[0], static_cast<int64_t>(r.prompts[k].size())) << "prompt " << k;
+    r.vocab = shape[1];
+    std::vector<float> values(static_cast<size_t>(shape[0] * shape[1]));
+    const fs::path file = kReference / r.doc["logits"][k].get<std::string>();
+    std::ifstream in(file, std::ios::binary);
+    in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+    EXPECT_TRUE(in.good()) << file;
+    r.logits.push_back(std::move(values));
+  }
+  return r;
+}
+
+struct Comparison {
+  double relative_rms = 0;
+  int argmax_mismatches = 0;  // at rows whose reference top-2 margin is >= 1e-2
+};
+
+Comparison compare(const float* got, const std::vector<float>& want, int64_t vocab) {
+  Comparison c;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (got[i] - want[i]) * double(got[i] - want[i]);
+    norm += want[i] * double(want[i]);
+  }
+  c.relative_rms = std::sqrt(diff / norm);
+  for (size_t row = 0; row < want.size() / vocab; ++row) {
+    const float* w = want.data() + row * vocab;
+    const float* g = got + row * vocab;
+    std::vector<float> top(w, w + vocab);
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<>());
+    if (top[0] - top[1] < 1e-2f) continue;
+    c.argmax_mismatches += (std::max_element(w, w + vocab) - w) != (std::max_element(g, g + vocab) - g);
+  }
+  return c;
+}
+
+class DemoModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(kDemo / "config.json") && fs::exists(kReference / "reference.json"))
+        << "the demo model is missing: expected " << kDemo.string() << " with reference/reference.json. Make it "
+        << "with tools/train_demo/train_demo.py on the GPU machine and copy its output there (see "
+        << "tools/train_demo/README.md).";
+  }
+};
+
+TEST_F(DemoModel, LogitsMatchTransformersInPrefillAndDecode) {
+  Checkpoint checkpoint = open_checkpoint(kDemo);
+  std::unique_ptr<Ops> ops = make_cpu_ops(global_thread_pool());
+  Model model(checkpoint, *ops);
+  const Reference ref = load_reference();
+  ASSERT_EQ(ref.prompts.size(), 3u);
+  ASSERT_EQ(ref.vocab, model.config().vocab_size);
+  for (const char* mode_name : {"prefill", "decode"}) {
+    for (size_t k = 0; k < ref.prompts.size(); ++k) {
+      Tensor logits = prompt_logits(model, ref.prompts[k], parse_eval_mode(mode_name));
+      const Comparison c = compare(logits.ptr<float>(), ref.logits[k], ref.vocab);
+      EXPECT_LE(c.relative_rms, 1e-2) << mode_name << " prompt " << k;
+      EXPECT_EQ(c.argmax_mismatches, 0) << mode_name << " prompt " << k;
+      RecordProperty(fmt::format("rel_rms_{}_{}", mode_name, k), fmt::format("{:.3g}", c.relative_rms));
+    }
+  }
+}
+
+// A trained model can still meet a near-tie; the tokens after the first one are not comparable.
+TEST_F(DemoModel, GreedyTokensMatchUntilTheFirstNearTie) {
+  Checkpoint checkpoint = open_checkpoint(kDemo);
+  std::unique_ptr<Ops> ops = make_cpu_ops(global_thread_pool());
+  Model model(checkpoint, *ops);
+  const Reference ref = load_reference();
+  for (size_t k = 0; k < ref.prompts.size(); ++k) {
+    size_t clear = 0;
+    while (clear < ref.greedy[k].size() && ref.margins[k][clear] >= 1e-2f) ++clear;
+    EXPECT_GE(clear, 1u) << "prompt " << k << ": the first greedy step is a near-tie; pick another prompt";
+    const std::vector<int32_t> got = greedy_continuation(model, ref.prompts[k], static_cast<int32_t>(clear));
+    const std::vector<int32_t> want(ref.greedy[k].begin(), ref.greedy[k].begin() + static_cast<ptrdiff_t>(clear));
+    EXPECT_EQ(got, want) << "prompt " << k;
+  }
+}
+
+TEST_F(DemoModel, TokenizerEncodesAndDecodesTheStoredPromptTexts) {
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(kDemo);
+  const Reference ref = load_reference();
+  const auto texts = ref.doc["prompt_texts"].get<std::vector<std::string>>();
+  ASSERT_EQ(texts.size(), ref.prompts.size());
+  for (size_t k = 0; k < texts.size(); ++k) {
+    EXPECT_EQ(tok.encode(texts[k]), ref.prompts[k]) << "prompt " << k;
+    EXPECT_EQ(tok.decode(ref.prompts[k]), texts[k]) << "prompt " << k;
+  }
+  EXPECT_LE(tok.vocab_size(), ref.vocab);  // every id has an embedding row
+  for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"})
+    EXPECT_TRUE(tok.token_to_id(special).has_value()) << special;
+}
+
+TEST_F(DemoModel, ChatTemplateRendersLikeTransformers) {
+  const Reference ref = load_reference();
+  const io::json& chat = ref.doc["chat"];
+  const auto request = nlohmann::ordered_json::parse(
+      io::json{{"messages", chat["messages"]}, {"add_generation_prompt", chat["add_generation_prompt"]}}.dump());
+  const std::string text = tokenizer::ChatTemplate::from_model_dir(kDemo).render(request);
+  EXPECT_EQ(text, chat["text"].get<std::string>());
+  EXPECT_EQ(text, ref.doc["prompt_texts"][chat["prompt"].get<size_t>()].get<std::string>());
+}
+
+// What the exporter writes: the released Qwen3.5 naming with a tied head, an MTP head, HF norm storage.
+TEST_F(DemoModel, CheckpointLayout) {
+  const Checkpoint checkpoint = open_checkpoint(kDemo);
+  EXPECT_EQ(checkpoint.config.model_type, "qwen3_5");
+  EXPECT_TRUE(checkpoint.config.text.tie_word_embeddings);
+  EXPECT_EQ(checkpoint.config.text.mtp_num_hidden_layers, 1);
+  EXPECT_LE(checkpoint.config.text.vocab_size, 8192);
+  EXPECT_EQ(checkpoint.plan.find("lm_head.weight"), nullptr);
+  EXPECT_EQ(checkpoint.plan.count(io::TensorGroup::mtp), 15u);
+  EXPECT_TRUE(checkpoint.plan.shift_norms);  // HF storage: w, applied as 1 + w
+  EXPECT_TRUE(checkpoint.plan.dropped.empty());
+  EXPECT_LE(fs::file_size(kDemo / "model.safetensors"), 40'000'000u);
+}
+
+}  // namespace
+}  // namespace qinfer::models
