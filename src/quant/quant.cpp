@@ -1,6 +1,7 @@
 #include "quant/quant.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -15,12 +16,6 @@ constexpr ModeTraits kModes[] = {
     {Mode::nvfp4, "nvfp4", 4, 16, false, false},
     {Mode::mxfp8, "mxfp8", 8, 32, false, false},
 };
-
-// E2M1 value of a code: bit 3 sign, codes 0..7 = {0, .5, 1, 1.5, 2, 3, 4, 6}.
-float fp_element(const Layout& layout, uint32_t code) {
-  return layout.mode == Mode::mxfp8 ? e4m3_to_f32(static_cast<uint8_t>(code))
-                                    : e2m1_to_f32(static_cast<uint8_t>(code));
-}
 
 void pack(uint32_t* row, int64_t j, int bits, uint32_t code) {
   const uint64_t bit = static_cast<uint64_t>(j) * static_cast<uint64_t>(bits);
@@ -73,13 +68,31 @@ float decode_scale(const Layout& layout, DType scale_dtype, const void* scales, 
 void dequantize_row(const Layout& layout, const uint32_t* codes, DType scale_dtype, const void* scales,
                     const void* biases, float global_scale, int64_t in, float* out) {
   const int64_t groups = in / layout.group_size;
+  if (layout.mode != Mode::affine) {
+    // Every element code's value, decoded once: the exact decoders are branchy, and rows are long.
+    static const std::array<float, 256> e4m3 = [] {
+      std::array<float, 256> t{};
+      for (int c = 0; c < 256; ++c) t[c] = e4m3_to_f32(static_cast<uint8_t>(c));
+      return t;
+    }();
+    static const std::array<float, 16> e2m1 = [] {
+      std::array<float, 16> t{};
+      for (int c = 0; c < 16; ++c) t[c] = e2m1_to_f32(static_cast<uint8_t>(c));
+      return t;
+    }();
+    const float* table = layout.mode == Mode::mxfp8 ? e4m3.data() : e2m1.data();
+    for (int64_t g = 0; g < groups; ++g) {
+      const float scale = decode_scale(layout, scale_dtype, scales, g, global_scale);
+      for (int64_t j = g * layout.group_size; j < (g + 1) * layout.group_size; ++j)
+        out[j] = table[extract(codes, j, layout.bits)] * scale;
+    }
+    return;
+  }
   for (int64_t g = 0; g < groups; ++g) {
     const float scale = decode_scale(layout, scale_dtype, scales, g, global_scale);
-    const float bias = layout.mode == Mode::affine ? decode_scale(layout, scale_dtype, biases, g, 0) : 0.0f;
-    for (int64_t j = g * layout.group_size; j < (g + 1) * layout.group_size; ++j) {
-      const uint32_t q = extract(codes, j, layout.bits);
-      out[j] = layout.mode == Mode::affine ? scale * static_cast<float>(q) + bias : fp_element(layout, q) * scale;
-    }
+    const float bias = decode_scale(layout, scale_dtype, biases, g, 0);
+    for (int64_t j = g * layout.group_size; j < (g + 1) * layout.group_size; ++j)
+      out[j] = scale * static_cast<float>(extract(codes, j, layout.bits)) + bias;
   }
 }
 
