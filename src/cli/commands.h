@@ -12,6 +12,7 @@ void add_tokenize_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace qinfer::cli
 

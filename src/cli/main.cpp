@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   qinfer::cli::add_quantize_command(app);
   qinfer::cli::add_run_command(app);
   qinfer::cli::add_chat_command(app);
+  qinfer::cli::add_serve_command(app);
 #ifdef QINFER_HAVE_CUDA
   add_devices_command(app);
 #endif

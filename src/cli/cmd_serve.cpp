@@ -1,0 +1,112 @@
+// `qinfer serve`: the OpenAI-compatible HTTP server over the continuous-batching scheduler. Prints
+// the URL when ready; SIGINT / SIGTERM end in-flight requests with an error and exit cleanly.
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/generation_options.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/scheduler.h"
+#include "server/server.h"
+
+namespace qinfer::cli {
+namespace {
+
+// The one place that decides which model `serve` loads when --model is not given.
+std::string resolve_model_dir(const std::string& flag) { return model_or_default(flag); }
+
+std::string default_served_name(const std::string& dir) {
+  std::filesystem::path p(dir);
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  struct Options {
+    std::string model, served_name;
+    server::ServerOptions server;
+    engine::SchedulerOptions scheduler;
+    int threads = 0;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)");
+  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files (default: the bundled demo model)");
+  cmd->add_option("--host", o->server.host, "address to bind (default 127.0.0.1; other hosts need care)");
+  cmd->add_option("--port", o->server.port, "port (default 8000; 0 picks a free one)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->server.api_key, "require \"Authorization: Bearer KEY\" on /v1/ requests")
+      ->envname("QINFER_API_KEY");
+  cmd->add_option("--served-model-name", o->served_name, "the model id clients send (default: the folder name)");
+  cmd->add_option("--max-running", o->scheduler.max_running, "sequences decoding at once (default 64)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-waiting", o->scheduler.max_waiting, "queued requests before 429 (default 256)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--kv-blocks", o->scheduler.kv_blocks, "KV-cache blocks (default: max-running x max-context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--max-context", o->scheduler.max_context,
+                  "prompt + completion tokens per sequence (default: the model's)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "largest request body accepted (default 16 MiB)")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
+  cmd->add_option("--threads", o->threads, "CPU threads for the model (default: all)")->check(CLI::Range(1, 4096));
+  cmd->callback([o] {
+    const std::string dir = resolve_model_dir(o->model);
+    // Signals are taken by sigwait below: block them before any thread starts so none inherits them.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    // The process-wide pool reads QINFER_THREADS when the model first uses it.
+    if (o->threads > 0) setenv("QINFER_THREADS", std::to_string(o->threads).c_str(), 1);
+
+    auto m = load_model(dir, /*need_template=*/false);
+    try {
+      m->chat_template = tokenizer::ChatTemplate::from_model_dir(dir);
+    } catch (const qinfer::Error& e) {
+      log_warn("{}; /v1/chat/completions is off, /v1/completions works", e.what());
+    }
+    // Every running sequence decodes one token per step, so a step must hold at least that many.
+    o->scheduler.step_token_budget = std::max(o->scheduler.step_token_budget, o->scheduler.max_running);
+    engine::Scheduler scheduler(*m->model, m->tokenizer, o->scheduler);
+    server::SchedulerGenerator generator(scheduler);
+    const engine::SchedulerOptions& so = scheduler.options();  // with its defaults resolved
+
+    server::ServedModel served;
+    served.name = o->served_name.empty() ? default_served_name(dir) : o->served_name;
+    served.tokenizer = &m->tokenizer;
+    served.chat_template = m->chat_template ? &*m->chat_template : nullptr;
+    served.chat_template_source = m->tokenizer.config().chat_template;
+    served.stop_ids = m->stop_ids;
+    // One sequence can never hold more tokens than the whole KV pool.
+    served.max_context = std::min<int64_t>(so.max_context, so.kv_blocks * so.block_size);
+    served.sampling_defaults = server::sampling_defaults(dir);
+    o->server.max_running = so.max_running;
+    o->server.max_queue = so.max_waiting;
+    server::Server http(o->server, served, generator);
+    const int port = http.bind();
+    if (o->server.host != "127.0.0.1" && o->server.host != "localhost" && o->server.host != "::1" &&
+        o->server.api_key.empty())
+      log_warn("listening on {} without --api-key: anyone who can reach this address can use the model",
+               o->server.host);
+    std::thread listener([&] { http.run(); });
+    fmt::print("qinfer serve: {} ready on http://{}:{}/v1 (Ctrl-C stops)\n", served.name, o->server.host, port);
+    std::fflush(stdout);
+
+    int received = 0;
+    sigwait(&signals, &received);
+    fmt::print(stderr, "qinfer serve: {}, stopping\n", received == SIGINT ? "interrupted" : "terminated");
+    http.stop();
+    listener.join();
+  });
+}
+
+}  // namespace qinfer::cli

@@ -1,0 +1,44 @@
+#pragma once
+// One chat choice's generated text turned into what a chat response carries: reasoning, content
+// and tool-call deltas. Chains the reasoning splitter and the tool-call parser.
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/reasoning.h"
+#include "server/tool_calls.h"
+
+namespace qinfer::server {
+
+struct ChatDelta {
+  std::string reasoning, content;
+  std::vector<ToolCallDelta> calls;
+  bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
+};
+
+struct ChatOutputOptions {
+  bool split_reasoning = false;                       // the template knows <think> blocks
+  bool reasoning_open = false;                        // the prompt left one open
+  ToolCallFormat tool_format = ToolCallFormat::none;  // none: tool calls are not parsed
+  json tools = json::array();
+  std::string prefill;  // tool-call text the prompt already ends with (tool_choice)
+};
+
+class ChatOutputParser {
+ public:
+  explicit ChatOutputParser(const ChatOutputOptions& options);
+  ChatDelta push(std::string_view text);
+  ChatDelta finish();
+  int tool_calls() const { return tools_ ? tools_->calls() : 0; }
+
+ private:
+  void add_content(ChatDelta& out, ParsedOutput parsed);
+
+  std::optional<ReasoningSplitter> reasoning_;
+  std::unique_ptr<ToolCallParser> tools_;
+  ChatDelta prefilled_;  // what the prefill produced, sent with the first delta
+};
+
+}  // namespace qinfer::server

@@ -1,0 +1,88 @@
+#include "server/reasoning.h"
+
+#include "server/text_scan.h"
+
+namespace qinfer::server {
+namespace {
+
+constexpr std::string_view kOpen = "<think>", kClose = "</think>", kToolCall = "<tool_call>";
+
+void append_trimmed(std::string& out, std::string_view body) {
+  // The newline before "</think>" belongs to the tag's layout, not to the reasoning.
+  if (!body.empty() && body.back() == '\n') body.remove_suffix(1);
+  out += body;
+}
+
+}  // namespace
+
+bool prompt_opens_reasoning(std::string_view prompt) {
+  const size_t open = prompt.rfind(kOpen);
+  if (open == std::string_view::npos) return false;
+  const size_t close = prompt.rfind(kClose);
+  return close == std::string_view::npos || close < open;
+}
+
+ReasoningSplitter::Pieces ReasoningSplitter::push(std::string_view text) {
+  pending_ += text;
+  Pieces out;
+  while (!pending_.empty()) {
+    if (inside_) {
+      if (drop_newline_) {
+        if (pending_[0] == '\n') pending_.erase(0, 1);
+        drop_newline_ = false;
+        continue;
+      }
+      const size_t close = pending_.find(kClose);
+      const size_t call = tool_call_ends_ ? pending_.find(kToolCall) : std::string::npos;
+      if (close != std::string::npos && (call == std::string::npos || close < call)) {
+        append_trimmed(out.reasoning, std::string_view(pending_).substr(0, close));
+        pending_.erase(0, close + kClose.size());
+        inside_ = false;
+        newlines_after_close_ = 2;
+        continue;
+      }
+      if (call != std::string::npos) {
+        append_trimmed(out.reasoning, std::string_view(pending_).substr(0, call));
+        pending_.erase(0, call);  // the tag stays for the tool-call parser
+        inside_ = false;
+        continue;
+      }
+      const size_t hold = tool_call_ends_
+                              ? partial_tag_suffix(pending_, {"\n</think>", kClose, "\n<tool_call>", kToolCall})
+                              : partial_tag_suffix(pending_, {"\n</think>", kClose});
+      out.reasoning += std::string_view(pending_).substr(0, pending_.size() - hold);
+      pending_.erase(0, pending_.size() - hold);
+      break;
+    }
+    if (newlines_after_close_ > 0) {
+      if (pending_[0] == '\n') {
+        pending_.erase(0, 1);
+        --newlines_after_close_;
+        continue;
+      }
+      newlines_after_close_ = 0;
+    }
+    const size_t open = pending_.find(kOpen);
+    if (open != std::string::npos) {
+      out.content += std::string_view(pending_).substr(0, open);
+      pending_.erase(0, open + kOpen.size());
+      inside_ = true;
+      drop_newline_ = true;
+      continue;
+    }
+    const size_t hold = partial_tag_suffix(pending_, {kOpen});
+    out.content += std::string_view(pending_).substr(0, pending_.size() - hold);
+    pending_.erase(0, pending_.size() - hold);
+    break;
+  }
+  return out;
+}
+
+ReasoningSplitter::Pieces ReasoningSplitter::finish() {
+  Pieces out;
+  (inside_ ? out.reasoning : out.content) = std::move(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace qinfer::server

@@ -1,0 +1,39 @@
+#pragma once
+// Splits streamed model output into reasoning (inside <think>…</think>) and answer content.
+// Qwen3 models write "<think>\n…\n</think>\n\n" themselves; Qwen3.5 templates open the block in the
+// prompt, so only "</think>" appears. Pieces are final when returned: a tag split across chunks is
+// held back until it is complete or cannot be a tag any more. (A streaming generalization of
+// engine::ReasoningFilter, which only hides reasoning.)
+#include <string>
+#include <string_view>
+
+namespace qinfer::server {
+
+// True when a rendered prompt leaves a <think> block open (Qwen3.5's generation prompt).
+bool prompt_opens_reasoning(std::string_view prompt);
+
+class ReasoningSplitter {
+ public:
+  struct Pieces {
+    std::string reasoning, content;
+  };
+
+  // `inside`: the prompt opened the block. `tool_call_ends_reasoning`: "<tool_call>" inside the
+  // block ends it (models sometimes call a tool without closing their reasoning); the tag stays in
+  // the content so the tool-call parser sees it.
+  explicit ReasoningSplitter(bool inside, bool tool_call_ends_reasoning = false)
+      : inside_(inside), tool_call_ends_(tool_call_ends_reasoning) {}
+
+  Pieces push(std::string_view text);
+  // The rest at the end of the output (an unclosed block stays reasoning).
+  Pieces finish();
+
+ private:
+  bool inside_;
+  bool tool_call_ends_;
+  bool drop_newline_ = false;     // one "\n" right after <think>
+  int newlines_after_close_ = 0;  // up to two "\n" right after </think>
+  std::string pending_;
+};
+
+}  // namespace qinfer::server

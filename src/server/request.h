@@ -1,0 +1,67 @@
+#pragma once
+// OpenAI request bodies read into typed requests. Every check names the field it failed on
+// ("messages[2].content: expected a string or an array of content parts") and throws ApiError 400;
+// nothing here depends on the model except the sampling defaults handed in.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/sampling.h"
+#include "server/api_error.h"
+
+namespace qinfer::server {
+
+// Limits on what one request may ask for (beyond these a request is refused, not trimmed).
+struct RequestLimits {
+  int32_t max_n = 16;     // choices per request
+  int32_t max_stop = 16;  // stop strings
+  int32_t max_top_logprobs = 20;
+  int32_t max_prompts = 64;  // prompts in one /v1/completions request
+};
+
+// What both endpoints share.
+struct GenerationRequest {
+  std::string model;  // empty when the request named none
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  SamplingParams sampling;
+  bool seeded = false;                // the request gave a seed
+  std::optional<int64_t> max_tokens;  // max_tokens or max_completion_tokens
+  int32_t n = 1;
+  std::vector<std::string> stop;
+  int32_t top_logprobs = -1;  // -1: no logprobs
+  bool ignore_eos = false;    // vLLM's extension: generate max_tokens whatever the model's end token
+};
+
+enum class ToolChoice { none, automatic, required, named };
+
+struct ChatRequest : GenerationRequest {
+  // The body the chat template renders: messages with text parts joined into strings, tools as
+  // tool_choice leaves them (absent for "none", only the named one for a named choice) and the
+  // template fields passed through (chat_template_kwargs, add_generation_prompt, ...).
+  json template_request;
+  json tools = json::array();  // the tools the model may call (empty when tool_choice is "none")
+  ToolChoice tool_choice = ToolChoice::none;
+  std::string tool_name;  // for ToolChoice::named
+};
+
+struct CompletionRequest : GenerationRequest {
+  // One entry per prompt: text, or token ids when the client sent ids.
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+    bool is_ids = false;
+  };
+  std::vector<Prompt> prompts;
+};
+
+// Parses a request body: 400 for invalid JSON (with the position), invalid UTF-8 or a non-object.
+json parse_body(std::string_view body);
+
+ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults, const RequestLimits& limits = {});
+CompletionRequest parse_completion_request(const json& body, const SamplingParams& defaults,
+                                           const RequestLimits& limits = {});
+
+}  // namespace qinfer::server

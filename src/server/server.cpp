@@ -1,0 +1,720 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/json.h"
+#include "server/chat_output.h"
+#include "server/metrics.h"
+#include "server/responses.h"
+
+namespace qinfer::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// cpp-httplib (0.11, a compiled library) listens with a backlog of 5: a burst of clients would wait
+// for SYN retransmits. Listening again on the bound socket only raises the backlog.
+class HttpServer : public httplib::Server {
+ public:
+  void widen_backlog() { ::listen(svr_sock_, SOMAXCONN); }
+};
+
+enum class Endpoint { chat, completion };
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+  res.set_content(dump(e.body()), "application/json");
+}
+
+ApiError server_error(int status, const std::string& message) {
+  return ApiError(status, status == 503 ? "service_unavailable" : "server_error", "", "", message);
+}
+
+// The finish reason a client sees: a turn that ended by itself after calling tools ends in "tool_calls".
+std::string client_finish_reason(const std::string& reason, int tool_calls) {
+  if (reason == "stop" && tool_calls > 0) return "tool_calls";
+  return reason;
+}
+
+struct ChoiceState {
+  std::unique_ptr<ChatOutputParser> parser;  // chat only
+  bool finished = false;
+  std::string finish_reason;
+  std::optional<Clock::time_point> last_token;
+  // Gathered for a non-streamed response:
+  std::string reasoning, text;
+  json tool_calls = json::array();
+  std::vector<std::string> call_ids;  // streamed calls' ids by index
+  json logprobs;                      // chat: array of entries; completions: the columns object
+  int64_t text_offset = 0;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions options;
+  ServedModel model;
+  Generator& generator;
+  ToolCallFormat tool_format = ToolCallFormat::none;
+  bool split_reasoning = false;
+  Metrics metrics;
+  HttpServer http;
+  std::thread thread;
+  int port = -1;
+  std::atomic<bool> stopping{false};
+  std::mutex stop_mutex;
+
+  class Session;
+  std::mutex sessions_mutex;
+  std::vector<std::weak_ptr<Session>> sessions;
+
+  Impl(ServerOptions o, ServedModel m, Generator& g) : options(std::move(o)), model(std::move(m)), generator(g) {
+    tool_format = detect_tool_call_format(model.chat_template_source);
+    split_reasoning = model.chat_template_source.find("</think>") != std::string::npos;
+  }
+
+  void routes();
+  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  std::shared_ptr<Session> chat_session(const json& body);
+  std::shared_ptr<Session> completion_session(const json& body);
+  void check_model(const std::string& requested) const;
+  engine::RequestParams params_for(const GenerationRequest& r, std::vector<int32_t> prompt,
+                                   const std::string& prompt_field) const;
+  json health() const;
+  void stop();
+};
+
+// One generation request from arrival to its last byte. Scheduler events land in `inbox_` on the
+// scheduler thread; the HTTP thread turns them into chunks or the final response.
+class Server::Impl::Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Impl& server, Endpoint endpoint, const GenerationRequest& r, size_t prompts)
+      : server_(server),
+        endpoint_(endpoint),
+        stream_(r.stream),
+        include_usage_(r.include_usage),
+        n_(r.n),
+        logprobs_(r.top_logprobs >= 0),
+        arrival_(Clock::now()),
+        choices_(prompts * r.n),
+        cached_(prompts, 0) {
+    header_ = {random_id(endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-"), unix_now(), server.model.name};
+    open_choices_ = static_cast<int>(choices_.size());
+  }
+
+  void use_chat_output(const ChatOutputOptions& options) {
+    for (ChoiceState& c : choices_) c.parser = std::make_unique<ChatOutputParser>(options);
+  }
+
+  // Queues every prompt's request; on refusal, what was queued is cancelled and ApiError thrown.
+  void submit(std::vector<engine::RequestParams> params) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      prompt_tokens_ += static_cast<int64_t>(params[i].prompt.size());
+      const int offset = static_cast<int>(i) * n_;
+      auto self = shared_from_this();
+      std::optional<uint64_t> id;
+      try {
+        id = server_.generator.submit(std::move(params[i]),
+                                      [self, offset](const engine::Event& e) { self->receive(e, offset); });
+      } catch (const qinfer::Error& e) {
+        cancel_all();
+        throw ApiError(400, "invalid_request_error", "", "", e.what());
+      }
+      if (!id) {
+        cancel_all();
+        ApiError busy(429, "rate_limit_error", "queue_full", "",
+                      "the server's request queue is full; retry after a moment");
+        busy.retry_after_s = 1;
+        throw busy;
+      }
+      std::lock_guard lock(mutex_);
+      ids_.push_back(*id);
+    }
+  }
+
+  // Called on the scheduler thread: only queues (timestamped, for the latency metrics).
+  void receive(const engine::Event& e, int offset) {
+    std::lock_guard lock(mutex_);
+    inbox_.push_back({e, Clock::now()});
+    inbox_.back().first.choice += offset;
+    arrived_.notify_all();
+  }
+
+  // Waits up to `wait` for events and handles what arrived; appends SSE text to `sse` when
+  // streaming. Returns true when the request is over.
+  bool pump(std::string* sse, std::chrono::milliseconds wait) {
+    std::deque<std::pair<engine::Event, Clock::time_point>> events;
+    {
+      std::unique_lock lock(mutex_);
+      arrived_.wait_for(lock, wait, [&] { return !inbox_.empty(); });
+      events.swap(inbox_);
+    }
+    for (const auto& [e, at] : events) {
+      if (done_) break;
+      handle(e, at, sse);
+    }
+    return done_;
+  }
+
+  // The client went away: nothing more will be read, so the choices are accounted for here.
+  void abandon() {
+    if (!done_)
+      for (ChoiceState& c : choices_)
+        if (!c.finished) server_.metrics.count_finish("cancelled");
+    done_ = true;
+    cancel_all();
+  }
+
+  // The scheduler frees the sequences within a step. Once is enough.
+  void cancel_all() {
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard lock(mutex_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      ids = ids_;
+    }
+    for (uint64_t id : ids) server_.generator.cancel(id);
+  }
+
+  // The stream's first bytes: each choice's role, as OpenAI sends it before any content.
+  std::string opening() const {
+    std::string out;
+    if (endpoint_ == Endpoint::chat)
+      for (size_t i = 0; i < choices_.size(); ++i)
+        out += sse_event(chat_chunk(header_, static_cast<int>(i), {{"role", "assistant"}, {"content", ""}}, ""));
+    return out;
+  }
+
+  // The whole response (non-streaming), or the error that ended the request.
+  json response() const {
+    if (error_) throw *error_;
+    json choices = json::array();
+    Usage usage = this->usage();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const ChoiceState& c = choices_[i];
+      if (endpoint_ == Endpoint::chat) {
+        json message = {{"role", "assistant"}};
+        message["content"] = c.text.empty() && !c.tool_calls.empty() ? json(nullptr) : json(c.text);
+        if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
+        if (!c.tool_calls.empty()) message["tool_calls"] = c.tool_calls;
+        choices.push_back({{"index", i},
+                           {"message", std::move(message)},
+                           {"logprobs", logprobs_ ? json{{"content", c.logprobs.is_null() ? json::array() : c.logprobs}}
+                                                  : json(nullptr)},
+                           {"finish_reason", c.finish_reason}});
+      } else {
+        choices.push_back({{"index", i},
+                           {"text", c.text},
+                           {"logprobs", logprobs_ ? c.logprobs : json(nullptr)},
+                           {"finish_reason", c.finish_reason}});
+      }
+    }
+    return {{"id", header_.id},
+            {"object", endpoint_ == Endpoint::chat ? "chat.completion" : "text_completion"},
+            {"created", header_.created},
+            {"model", header_.model},
+            {"choices", std::move(choices)},
+            {"usage", usage_json(usage)}};
+  }
+
+  bool stream() const { return stream_; }
+
+ private:
+  Usage usage() const {
+    Usage u{prompt_tokens_, completion_tokens_, 0};
+    for (int64_t c : cached_) u.cached_tokens += c;
+    return u;
+  }
+
+  void handle(const engine::Event& e, Clock::time_point at, std::string* sse) {
+    if (e.choice < 0 || e.choice >= static_cast<int>(choices_.size())) return;
+    ChoiceState& c = choices_[e.choice];
+    if (c.finished) return;
+    if (e.kind == engine::Event::Kind::delta) {
+      observe_tokens(c, e.tokens.size(), at);
+      emit(c, e.choice, e.text, e.logprobs, "", sse);
+      return;
+    }
+    if (e.finish_reason == "error") return fail(server_error(500, "generation failed: " + e.error), sse);
+    // A client still listening sees "cancelled" only when the server stops.
+    if (e.finish_reason == "cancelled") return fail(server_error(503, "the server is shutting down"), sse);
+    c.finished = true;
+    --open_choices_;
+    completion_tokens_ += e.completion_tokens;
+    const size_t prompt = static_cast<size_t>(e.choice / n_);
+    cached_[prompt] = std::max(cached_[prompt], e.cached_prompt_tokens);
+    emit(c, e.choice, e.text, e.logprobs, e.finish_reason, sse);
+    server_.metrics.count_finish(c.finish_reason);
+    if (open_choices_ > 0) return;
+    done_ = true;
+    server_.metrics.request_latency.observe(seconds_since(arrival_));
+    if (!sse) return;
+    if (include_usage_)
+      *sse += sse_event(
+          usage_chunk(header_, endpoint_ == Endpoint::chat ? "chat.completion.chunk" : "text_completion", usage()));
+    *sse += kSseDone;
+  }
+
+  void observe_tokens(ChoiceState& c, size_t tokens, Clock::time_point now) {
+    if (tokens == 0) return;
+    if (!first_token_) {
+      first_token_ = true;
+      server_.metrics.time_to_first_token.observe(std::chrono::duration<double>(now - arrival_).count());
+    }
+    if (c.last_token) {
+      const double gap = std::chrono::duration<double>(now - *c.last_token).count() / tokens;
+      for (size_t i = 0; i < tokens; ++i) server_.metrics.inter_token_latency.observe(gap);
+    }
+    c.last_token = now;
+  }
+
+  // Text (and the end) of one choice, as a chunk or into the gathered response.
+  void emit(ChoiceState& c, int index, const std::string& text, const std::vector<engine::TokenLogprob>& logprobs,
+            const std::string& finish, std::string* sse) {
+    const tokenizer::Tokenizer& tok = *server_.model.tokenizer;
+    if (endpoint_ == Endpoint::completion) {
+      json lp = nullptr;
+      if (logprobs_) {
+        if (c.logprobs.is_null()) c.logprobs = empty_completion_logprobs();
+        if (sse) lp = empty_completion_logprobs();
+        append_completion_logprobs(sse ? lp : c.logprobs, tok, logprobs, c.text_offset);
+      }
+      if (!finish.empty()) c.finish_reason = finish;
+      if (sse) {
+        if (!text.empty() || !finish.empty() || !logprobs.empty())
+          *sse += sse_event(completion_chunk(header_, index, text, finish, std::move(lp)));
+      } else {
+        c.text += text;
+      }
+      return;
+    }
+    ChatDelta delta = c.parser->push(text);
+    if (!finish.empty()) {
+      ChatDelta rest = c.parser->finish();
+      delta.reasoning += rest.reasoning;
+      delta.content += rest.content;
+      for (ToolCallDelta& d : rest.calls) {
+        if (!delta.calls.empty() && delta.calls.back().index == d.index)
+          delta.calls.back().arguments += d.arguments;
+        else
+          delta.calls.push_back(std::move(d));
+      }
+      c.finish_reason = client_finish_reason(finish, c.parser->tool_calls());
+    }
+    json lp = nullptr;
+    if (logprobs_) {
+      json entries = chat_logprob_entries(tok, logprobs);
+      if (c.logprobs.is_null()) c.logprobs = json::array();
+      if (sse)
+        lp = {{"content", std::move(entries)}};
+      else
+        c.logprobs.insert(c.logprobs.end(), entries.begin(), entries.end());
+    }
+    if (sse) {
+      if (!delta.empty() || !finish.empty() || !logprobs.empty())
+        *sse +=
+            sse_event(chat_chunk(header_, index, chat_delta_json(delta, c.call_ids), c.finish_reason, std::move(lp)));
+      return;
+    }
+    c.reasoning += delta.reasoning;
+    c.text += delta.content;
+    for (const ToolCallDelta& d : delta.calls) {
+      if (!d.name.empty())
+        c.tool_calls.push_back(
+            {{"id", random_id("call_")}, {"type", "function"}, {"function", {{"name", d.name}, {"arguments", ""}}}});
+      if (d.index < static_cast<int>(c.tool_calls.size()))
+        c.tool_calls[d.index]["function"]["arguments"] =
+            c.tool_calls[d.index]["function"]["arguments"].get<std::string>() + d.arguments;
+    }
+  }
+
+  void fail(ApiError error, std::string* sse) {
+    cancel_all();
+    done_ = true;
+    for (ChoiceState& c : choices_)
+      if (!c.finished) server_.metrics.count_finish(error.status == 503 ? "cancelled" : "error");
+    if (sse) {
+      // openai clients raise an APIError for an "error" event in a stream.
+      json body = error.body();
+      body["error"]["code"] = error.status;
+      *sse += sse_event(body);
+      *sse += kSseDone;
+    }
+    error_ = std::move(error);
+  }
+
+  Impl& server_;
+  const Endpoint endpoint_;
+  const bool stream_, include_usage_;
+  const int n_;
+  const bool logprobs_;
+  const Clock::time_point arrival_;
+  ResponseHeader header_;
+  std::vector<ChoiceState> choices_;
+  std::vector<int64_t> cached_;  // cached prompt tokens per prompt
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int open_choices_ = 0;
+  bool first_token_ = false;
+  bool done_ = false;
+  std::optional<ApiError> error_;
+
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<std::pair<engine::Event, Clock::time_point>> inbox_;
+  std::vector<uint64_t> ids_;
+  bool cancelled_ = false;
+};
+
+void Server::Impl::check_model(const std::string& requested) const {
+  if (!requested.empty() && requested != model.name)
+    throw ApiError(404, "invalid_request_error", "model_not_found", "model",
+                   fmt::format("The model `{}` does not exist; this server serves `{}`.", requested, model.name));
+}
+
+engine::RequestParams Server::Impl::params_for(const GenerationRequest& r, std::vector<int32_t> prompt,
+                                               const std::string& prompt_field) const {
+  const int64_t p = static_cast<int64_t>(prompt.size());
+  if (p == 0) bad_request(prompt_field, "{}: the prompt is empty", prompt_field);
+  if (p >= model.max_context)
+    bad_request(prompt_field, "{}: this model's maximum context length is {} tokens, and the prompt has {}",
+                prompt_field, model.max_context, p);
+  if (r.max_tokens && p + *r.max_tokens > model.max_context)
+    bad_request("max_tokens",
+                "max_tokens: this model's maximum context length is {} tokens; you asked for {} ({} in the prompt, "
+                "{} for the completion)",
+                model.max_context, p + *r.max_tokens, p, *r.max_tokens);
+  engine::RequestParams params;
+  params.prompt = std::move(prompt);
+  params.sampling = r.sampling;
+  if (!r.seeded) {
+    static std::mutex mutex;
+    static std::mt19937_64 rng{std::random_device{}()};
+    std::lock_guard lock(mutex);
+    params.sampling.seed = rng();
+  }
+  params.max_tokens = static_cast<int32_t>(r.max_tokens.value_or(model.max_context - p));
+  params.n = r.n;
+  params.stop = r.stop;
+  if (!r.ignore_eos) params.stop_ids = model.stop_ids;
+  params.top_logprobs = r.top_logprobs;
+  return params;
+}
+
+std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& body) {
+  ChatRequest r = parse_chat_request(body, model.sampling_defaults, options.limits);
+  check_model(r.model);
+  if (!model.chat_template)
+    bad_request("messages", "this model has no chat template; send a prompt to /v1/completions instead");
+  if (!r.tools.empty() && tool_format == ToolCallFormat::none)
+    bad_request("tools", "tools: this model's chat template has no tool-call format");
+  std::string prompt;
+  try {
+    prompt = model.chat_template->render(r.template_request);
+  } catch (const qinfer::Error& e) {
+    bad_request("messages", "the chat template rejected the request: {}", e.what());
+  }
+  ChatOutputOptions output;
+  output.split_reasoning = split_reasoning;
+  if (r.tool_choice != ToolChoice::none) {
+    output.tool_format = tool_format;
+    output.tools = r.tools;
+  }
+  if (r.tool_choice == ToolChoice::required || r.tool_choice == ToolChoice::named) {
+    // No grammar engine: the prompt itself opens the call (and closes an open reasoning block first).
+    if (split_reasoning && prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
+    output.prefill = tool_call_prefill(tool_format, r.tool_choice == ToolChoice::named ? r.tool_name : "");
+    prompt += output.prefill;
+  }
+  output.reasoning_open = split_reasoning && prompt_opens_reasoning(prompt);
+  auto session = std::make_shared<Session>(*this, Endpoint::chat, r, 1);
+  session->use_chat_output(output);
+  std::vector<engine::RequestParams> params;
+  params.push_back(params_for(r, model.tokenizer->encode(prompt, /*add_special_tokens=*/false), "messages"));
+  session->submit(std::move(params));
+  return session;
+}
+
+std::shared_ptr<Server::Impl::Session> Server::Impl::completion_session(const json& body) {
+  CompletionRequest r = parse_completion_request(body, model.sampling_defaults, options.limits);
+  check_model(r.model);
+  std::vector<engine::RequestParams> params;
+  const int32_t vocab = model.tokenizer->vocab_size();
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    const std::string field = r.prompts.size() > 1 ? fmt::format("prompt[{}]", i) : "prompt";
+    std::vector<int32_t> ids = r.prompts[i].ids;
+    if (r.prompts[i].is_ids) {
+      for (int32_t id : ids)
+        if (id >= vocab)
+          bad_request(field, "{}: token id {} is outside the vocabulary (0 to {})", field, id, vocab - 1);
+    } else {
+      ids = model.tokenizer->encode(r.prompts[i].text, /*add_special_tokens=*/true);
+    }
+    params.push_back(params_for(r, std::move(ids), field));
+  }
+  auto session = std::make_shared<Session>(*this, Endpoint::completion, r, r.prompts.size());
+  session->submit(std::move(params));
+  return session;
+}
+
+void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  std::shared_ptr<Session> session;
+  try {
+    if (stopping) throw server_error(503, "the server is shutting down");
+    const json body = parse_body(req.body);
+    session = endpoint == Endpoint::chat ? chat_session(body) : completion_session(body);
+  } catch (const ApiError& e) {
+    return send_error(res, e);
+  } catch (const std::exception& e) {
+    log_error("{} {}: {}", req.method, req.path, e.what());
+    return send_error(res, server_error(500, fmt::format("internal error: {}", e.what())));
+  }
+  {
+    std::lock_guard lock(sessions_mutex);
+    std::erase_if(sessions, [](const std::weak_ptr<Session>& s) { return s.expired(); });
+    sessions.push_back(session);
+  }
+  if (stopping) session->cancel_all();  // stop() may have swept the sessions just before this one
+  if (session->stream()) {
+    metrics.stream_opened();
+    res.set_header("Cache-Control", "no-cache");
+    auto opening = std::make_shared<std::string>(session->opening());
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [session, opening](size_t, httplib::DataSink& sink) {
+          std::string out = std::move(*opening);
+          opening->clear();
+          const bool done = session->pump(&out, 50ms);
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            session->abandon();  // the client went away
+            return false;
+          }
+          if (done) {
+            sink.done();
+            return true;
+          }
+          if (out.empty() && !sink.is_writable()) {
+            session->abandon();
+            return false;
+          }
+          return true;
+        },
+        [this, session](bool success) {
+          metrics.stream_closed();
+          if (!success) session->abandon();
+        });
+    return;
+  }
+  try {
+    while (!session->pump(nullptr, 1000ms)) {
+    }
+    res.set_content(dump(session->response()), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  } catch (const std::exception& e) {
+    session->cancel_all();
+    log_error("{} {}: {}", req.method, req.path, e.what());
+    send_error(res, server_error(500, fmt::format("internal error: {}", e.what())));
+  }
+}
+
+json Server::Impl::health() const {
+  const engine::SchedulerStats s = generator.stats();
+  return {{"status", stopping ? "stopping" : "ok"},
+          {"model", model.name},
+          {"running", s.running},
+          {"waiting", s.waiting},
+          {"kv_blocks_used", s.kv_blocks_used},
+          {"kv_blocks_total", s.kv_blocks_total},
+          {"state_slots_used", s.state_slots_used},
+          {"state_slots_total", s.state_slots_total}};
+}
+
+void Server::Impl::routes() {
+  http.set_tcp_nodelay(true);  // SSE chunks are small: send each at once
+  // cpp-httplib's default adds SO_REUSEPORT, which would let a second server share our port silently.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_keep_alive_max_count(1000);
+  const int threads = options.http_threads > 0 ? options.http_threads : options.max_running + options.max_queue + 16;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string given = req.get_header_value("Authorization");
+    const std::string expected = "Bearer " + options.api_key;
+    // Compared in full whatever the mismatch, so timing does not reveal a prefix.
+    bool same = given.size() == expected.size();
+    unsigned char diff = 0;
+    for (size_t i = 0; i < expected.size(); ++i) diff |= expected[i] ^ (i < given.size() ? given[i] : 0);
+    same = same && diff == 0;
+    if (same) return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res,
+               ApiError(401, "invalid_request_error", "invalid_api_key", "",
+                        given.empty() ? "missing API key: send \"Authorization: Bearer <key>\"" : "incorrect API key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  // cpp-httplib's own refusals (no route, body too large, malformed HTTP) get an OpenAI-style body too.
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string message = fmt::format("{} {}: no such endpoint", req.method, req.path);
+    if (res.status == 413) {
+      message = fmt::format("the request body is larger than this server accepts ({} bytes)", options.max_body_bytes);
+      if (req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded"))
+        message += "; send JSON with \"Content-Type: application/json\"";
+    } else if (res.status == 400) {
+      message = "malformed HTTP request";
+    } else if (res.status != 404) {
+      message = fmt::format("HTTP error {}", res.status);
+    }
+    send_error(res, ApiError(res.status, "invalid_request_error", res.status == 404 ? "not_found" : "", "", message));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    send_error(res, server_error(500, "internal error"));
+  });
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                                                "/metrics"};
+    metrics.count_request(known.contains(req.path) ? req.path : "other", res.status);
+    log_debug("{} {} {}", req.method, req.path, res.status);
+  });
+
+  http.Post("/v1/chat/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::chat); });
+  http.Post("/v1/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::completion); });
+  auto model_card = [this] {
+    return json{{"id", model.name},
+                {"object", "model"},
+                {"created", unix_now()},
+                {"owned_by", "qinfer"},
+                {"max_model_len", model.max_context}};
+  };
+  http.Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump({{"object", "list"}, {"data", json::array({model_card()})}}), "application/json");
+  });
+  http.Get("/v1/models/(.+)", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+    try {
+      check_model(req.matches[1]);
+      res.set_content(dump(model_card()), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (stopping) res.status = 503;
+    res.set_content(dump(health()), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(generator.stats()), "text/plain; version=0.0.4");
+  });
+}
+
+void Server::Impl::stop() {
+  std::lock_guard guard(stop_mutex);
+  stopping = true;
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard lock(sessions_mutex);
+    for (const auto& weak : sessions)
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+  }
+  for (const auto& s : live) s->cancel_all();
+  live.clear();
+  // Give streams a moment to write their closing error; then stop accepting and drain.
+  const auto deadline = Clock::now() + 2s;
+  while (Clock::now() < deadline) {
+    bool any = false;
+    {
+      std::lock_guard lock(sessions_mutex);
+      for (const auto& weak : sessions) any = any || !weak.expired();
+    }
+    if (!any) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  http.stop();
+  if (thread.joinable()) thread.join();
+}
+
+SamplingParams sampling_defaults(const std::filesystem::path& model_dir) {
+  SamplingParams s;
+  s.temperature = 1.0f;
+  s.top_p = 1.0f;
+  const auto path = model_dir / "generation_config.json";
+  if (!std::filesystem::exists(path)) return s;
+  const io::json g = io::read_json_file(path);
+  auto number = [&](const char* key, float& into) {
+    if (auto it = g.find(key); it != g.end() && it->is_number()) into = it->get<float>();
+  };
+  number("temperature", s.temperature);
+  number("top_p", s.top_p);
+  number("min_p", s.min_p);
+  number("repetition_penalty", s.repetition_penalty);
+  if (auto it = g.find("top_k"); it != g.end() && it->is_number_integer()) s.top_k = std::max(0, it->get<int32_t>());
+  // do_sample false in the file means greedy.
+  if (auto it = g.find("do_sample"); it != g.end() && it->is_boolean() && !it->get<bool>()) s.temperature = 0;
+  return s;
+}
+
+Server::Server(ServerOptions options, ServedModel model, Generator& generator)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(model), generator)) {
+  QINFER_CHECK(impl_->model.tokenizer, "server: the served model has no tokenizer");
+  QINFER_CHECK(impl_->model.max_context > 0, "server: max_context must be positive");
+  impl_->routes();
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  Impl& i = *impl_;
+  if (i.options.port == 0)
+    i.port = i.http.bind_to_any_port(i.options.host);
+  else
+    i.port = i.http.bind_to_port(i.options.host, i.options.port) ? i.options.port : -1;
+  QINFER_CHECK(i.port > 0, "cannot listen on {}:{} (is the address valid and the port free?)", i.options.host,
+               i.options.port);
+  i.http.widen_backlog();
+  return i.port;
+}
+
+void Server::run() { impl_->http.listen_after_bind(); }
+
+int Server::start() {
+  const int port = bind();
+  impl_->thread = std::thread([this] { run(); });
+  // listen_after_bind sets is_running() once its accept loop starts.
+  for (int i = 0; i < 5000 && !impl_->http.is_running(); ++i) std::this_thread::sleep_for(1ms);
+  return port;
+}
+
+void Server::stop() { impl_->stop(); }
+
+int Server::port() const { return impl_->port; }
+
+}  // namespace qinfer::server

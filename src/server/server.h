@@ -1,0 +1,71 @@
+#pragma once
+// The OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,
+// GET /v1/models, GET /health, GET /metrics. Requests are validated, rendered through the chat
+// template, tokenized and handed to a Generator; results go back as JSON or as Server-Sent Events.
+// Every malformed request gets a 4xx with an OpenAI-style error body; a client that goes away
+// mid-stream has its request cancelled.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/sampling.h"
+#include "server/generator.h"
+#include "server/request.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qinfer::server {
+
+// The model behind the server and what its files say about serving it.
+struct ServedModel {
+  std::string name;  // the id clients send as "model"
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  const tokenizer::ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
+  std::string chat_template_source;                        // read for the tool-call and reasoning format
+  std::vector<int32_t> stop_ids;
+  int64_t max_context = 0;           // prompt + completion tokens per sequence
+  SamplingParams sampling_defaults;  // OpenAI defaults, overridden by generation_config.json
+};
+
+// SamplingParams with OpenAI's defaults (temperature 1, top_p 1) overridden by what the model
+// directory's generation_config.json recommends (temperature, top_p, top_k, min_p,
+// repetition_penalty), as vLLM does.
+SamplingParams sampling_defaults(const std::filesystem::path& model_dir);
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;      // 0: any free port
+  std::string api_key;  // non-empty: every /v1/ request needs "Authorization: Bearer <key>"
+  size_t max_body_bytes = 16u << 20;
+  int http_threads = 0;  // connections served at once (0: enough for every running and waiting request)
+  int max_queue = 256;   // only sizes the HTTP thread pool (the scheduler decides admission)
+  int max_running = 64;
+  RequestLimits limits;
+};
+
+class Server {
+ public:
+  Server(ServerOptions options, ServedModel model, Generator& generator);
+  ~Server();  // stop()s
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the address; returns the port (the chosen one for port 0). Throws Error when it cannot.
+  int bind();
+  // Serves until stop(); bind() first.
+  void run();
+  // bind() and run() on a background thread; returns the port.
+  int start();
+  // Ends every in-flight request with an error that says the server is stopping, stops listening
+  // and waits for the handlers to finish. Safe to call more than once and from any thread.
+  void stop();
+
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qinfer::server

@@ -1,0 +1,288 @@
+// The server on the real Scheduler and tiny random-weight models (a Qwen3 dense one with Qwen3's
+// template and Hermes tool calls, a Qwen3.5 hybrid one with a Qwen3.5-style template, XML tool calls
+// and recurrent-state slots), driven by the real `openai` npm client; then `qinfer serve` itself.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "core/thread_pool.h"
+#include "engine/generate.h"
+#include "engine/scheduler.h"
+#include "models/model.h"
+#include "models/random_checkpoint.h"
+#include "server/server.h"
+#include "server_test_util.h"
+#include "support/run_command.h"
+#include "support/safetensors_writer.h"
+
+namespace qinfer::server::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr int kVocab = 663;  // the mini tokenizer's ids exactly: a random model samples every id it has
+
+json text_config() {
+  return {{"hidden_size", 64},    {"num_attention_heads", 2},       {"num_key_value_heads", 1},
+          {"head_dim", 32},       {"intermediate_size", 128},       {"vocab_size", kVocab},
+          {"rms_norm_eps", 1e-6}, {"max_position_embeddings", 2048}};
+}
+
+// A model folder: random weights, the in-repo Qwen3.5-style mini tokenizer, and a chat template
+// from tests/jinja/data.
+class TinyModelDir {
+ public:
+  TinyModelDir(bool hybrid, const std::string& template_file) {
+    json config;
+    if (hybrid) {
+      json text = text_config();
+      text.update({{"model_type", "qwen3_5_text"},
+                   {"num_hidden_layers", 4},
+                   {"linear_num_key_heads", 2},
+                   {"linear_num_value_heads", 4},
+                   {"linear_key_head_dim", 16},
+                   {"linear_value_head_dim", 16},
+                   {"linear_conv_kernel_dim", 4},
+                   {"full_attention_interval", 4},
+                   {"mtp_num_hidden_layers", 0},
+                   {"rope_parameters",
+                    {{"rope_type", "default"},
+                     {"rope_theta", 1e7},
+                     {"partial_rotary_factor", 0.25},
+                     {"mrope_section", {2, 1, 1}},
+                     {"mrope_interleaved", true}}}});
+      config = {
+          {"model_type", "qwen3_5"}, {"torch_dtype", "bfloat16"}, {"tie_word_embeddings", true}, {"text_config", text}};
+    } else {
+      config = text_config();
+      config.update({{"model_type", "qwen3"},
+                     {"num_hidden_layers", 2},
+                     {"rope_theta", 1e6},
+                     {"tie_word_embeddings", true},
+                     {"torch_dtype", "bfloat16"}});
+    }
+    models::write_random_checkpoint(dir_.path(), io::json::parse(config.dump()), hybrid ? 35 : 3);
+    const fs::path mini = repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini";
+    fs::copy_file(mini / "tokenizer.json", dir_ / "tokenizer.json");
+    json tokenizer_config = json::parse(read_file(mini / "tokenizer_config.json"));
+    tokenizer_config["chat_template"] = read_file(repo_root() / "tests" / "jinja" / "data" / template_file);
+    std::ofstream(dir_ / "tokenizer_config.json") << tokenizer_config.dump(2);
+  }
+  const fs::path& path() const { return dir_.path(); }
+
+ private:
+  qinfer::testing::TempDir dir_;
+};
+
+// The server as `qinfer serve` assembles it, in-process on a free port.
+class LiveServer {
+ public:
+  LiveServer(bool hybrid, const std::string& template_file)
+      : dir_(hybrid, template_file),
+        checkpoint_(models::open_checkpoint(dir_.path())),
+        ops_(make_cpu_ops(global_thread_pool())),
+        model_(checkpoint_, *ops_),
+        tokenizer_(tokenizer::Tokenizer::load(dir_.path())),
+        template_(tokenizer::ChatTemplate::from_model_dir(dir_.path())),
+        scheduler_(model_, tokenizer_, scheduler_options()),
+        generator_(scheduler_) {
+    ServedModel served;
+    served.name = hybrid ? "tiny-qwen3.5" : "tiny-qwen3";
+    served.tokenizer = &tokenizer_;
+    served.chat_template = &template_;
+    served.chat_template_source = tokenizer_.config().chat_template;
+    served.stop_ids = engine::stop_ids(dir_.path(), checkpoint_.config, tokenizer_);
+    served.max_context = scheduler_.options().max_context;
+    served.sampling_defaults = sampling_defaults(dir_.path());
+    ServerOptions options;
+    options.port = 0;
+    options.http_threads = 128;
+    server_ = std::make_unique<Server>(options, served, generator_);
+    port_ = server_->start();
+  }
+  ~LiveServer() { server_->stop(); }
+
+  int port() const { return port_; }
+  const fs::path& dir() const { return dir_.path(); }
+  engine::SchedulerStats stats() const { return scheduler_.stats(); }
+
+ private:
+  static engine::SchedulerOptions scheduler_options() {
+    engine::SchedulerOptions o;
+    o.max_running = 64;
+    o.max_waiting = 256;
+    o.max_context = 1024;
+    return o;
+  }
+
+  TinyModelDir dir_;
+  models::Checkpoint checkpoint_;
+  std::unique_ptr<Ops> ops_;
+  models::Model model_;
+  tokenizer::Tokenizer tokenizer_;
+  tokenizer::ChatTemplate template_;
+  engine::Scheduler scheduler_;
+  SchedulerGenerator generator_;
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+};
+
+// Runs tests/server/node/<script> against the server; fails clearly when node or the openai package
+// is missing (scripts/install-deps.sh and scripts/fetch-test-data.sh install them).
+void run_node(const std::string& script, int port) {
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
+      << "node is not installed: the server tests drive the server with the openai npm client";
+  ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / "openai" / "package.json"))
+      << "the openai npm package is missing: run scripts/fetch-test-data.sh";
+  const fs::path file = repo_root() / "tests" / "server" / "node" / script;
+  const qinfer::testing::CommandResult r =
+      qinfer::testing::run_command("node '" + file.string() + "' http://127.0.0.1:" + std::to_string(port) + "/v1");
+  EXPECT_EQ(r.status, 0) << "node " << script << " failed:\n" << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("checks passed")) << r.err;
+  std::cout << r.out;
+}
+
+void expect_all_free(const LiveServer& s) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (s.stats().running + s.stats().waiting > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  const engine::SchedulerStats st = s.stats();
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.waiting, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.state_slots_used, 0);
+}
+
+TEST(LiveServer, OpenAIClientOnQwen3WithHermesTools) {
+  LiveServer s(false, "qwen3.jinja");
+  run_node("openai_client.mjs", s.port());
+  expect_all_free(s);
+}
+
+TEST(LiveServer, OpenAIClientOnQwen35HybridWithXmlTools) {
+  LiveServer s(true, "qwen35_features.jinja");
+  run_node("openai_client.mjs", s.port());
+  expect_all_free(s);
+}
+
+TEST(LiveServer, SixtyFourStreamsWithAThirdAbortedFreeEverything) {
+  LiveServer s(true, "qwen35_features.jinja");
+  run_node("concurrency.mjs", s.port());
+  expect_all_free(s);
+  EXPECT_GT(s.stats().state_slots_total, 0);  // the hybrid model holds recurrent state per sequence
+}
+
+// tools/loadgen.mjs keeps working against the server (a smoke run, not a measurement).
+TEST(LiveServer, LoadGeneratorReports) {
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is not installed";
+  LiveServer s(false, "qwen3.jinja");
+  const qinfer::testing::CommandResult r = qinfer::testing::run_command(
+      "node '" + (repo_root() / "tools" / "loadgen.mjs").string() + "' --url http://127.0.0.1:" +
+      std::to_string(s.port()) + "/v1 --concurrency 1,4 --requests 4 --max-tokens 5 --json");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  int levels = 0;
+  while (std::getline(lines, line)) {
+    const json level = json::parse(line, nullptr, false);
+    ASSERT_TRUE(level.is_object()) << line;
+    EXPECT_EQ(level["failed"], 0) << line;
+    EXPECT_EQ(level["output_tokens"], 4 * 5) << line;  // ignore_eos: every request runs to max_tokens
+    EXPECT_GT(level["output_tok_s"].get<double>(), 0);
+    EXPECT_GT(level["ttft_ms"]["p50"].get<double>(), 0);
+    ++levels;
+  }
+  EXPECT_EQ(levels, 2);
+  expect_all_free(s);
+}
+
+// What the scheduler refuses comes back as 400, and the model keeps serving.
+TEST(LiveServer, SchedulerRefusalsAre400) {
+  LiveServer s(false, "qwen3.jinja");
+  const std::string long_prompt(3000, 'x');
+  EXPECT_EQ(fetch(s.port(), "POST", "/v1/completions", dump({{"prompt", {1, 2, kVocab + 5}}})).status, 400);
+  const HttpResponse r =
+      fetch(s.port(), "POST", "/v1/completions", dump({{"prompt", long_prompt}, {"max_tokens", 10}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.body, HasSubstr("maximum context length is 1024"));
+  const HttpResponse ok = fetch(s.port(), "POST", "/v1/completions", dump({{"prompt", {5, 6, 7}}, {"max_tokens", 3}}));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(ok.body_json()["usage"]["prompt_tokens"], 3);
+  expect_all_free(s);
+}
+
+// `qinfer serve` as a user runs it: prints the URL, serves, stops cleanly on SIGTERM.
+TEST(ServeCommand, StartsServesAndStopsOnSigterm) {
+  ASSERT_TRUE(fs::exists(QINFER_BINARY)) << QINFER_BINARY << " is not built (cmake --build <dir> --target qinfer)";
+  TinyModelDir dir(false, "qwen3.jinja");
+  const fs::path out = dir.path() / "serve.out", err = dir.path() / "serve.err";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    freopen(out.c_str(), "w", stdout);
+    freopen(err.c_str(), "w", stderr);
+    execl(QINFER_BINARY, QINFER_BINARY, "serve", "--model", dir.path().c_str(), "--port", "0", "--api-key", "k1",
+          "--max-running", "4", "--served-model-name", "demo", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    const std::string text = read_file(out);
+    if (const size_t at = text.find("http://127.0.0.1:");
+        at != std::string::npos && text.find("/v1", at) != std::string::npos)
+      port = std::atoi(text.c_str() + at + 17);
+    else
+      std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GT(port, 0) << read_file(out) << read_file(err);
+  EXPECT_THAT(read_file(out), HasSubstr("demo ready on http://127.0.0.1:"));
+  EXPECT_EQ(fetch(port, "GET", "/v1/models").status, 401);
+  const HttpResponse models = fetch(port, "GET", "/v1/models", "", {"Authorization: Bearer k1"});
+  EXPECT_EQ(models.body_json()["data"][0]["id"], "demo");
+  const json body = {{"model", "demo"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 4}};
+  const HttpResponse chat = fetch(port, "POST", "/v1/chat/completions", dump(body), {"Authorization: Bearer k1"});
+  EXPECT_EQ(chat.status, 200) << chat.body;
+  kill(pid, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
+  if (waitpid(pid, &status, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "qinfer serve did not stop on SIGTERM";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(err);
+  EXPECT_THAT(read_file(err), HasSubstr("stopping"));
+}
+
+TEST(ServeCommand, RefusesAnAddressInUse) {
+  ASSERT_TRUE(fs::exists(QINFER_BINARY));
+  ScriptedGenerator generator;
+  // A scripted server holds a port; `qinfer serve` on the same port must say so and exit 1.
+  static const tokenizer::Tokenizer tok =
+      tokenizer::Tokenizer::load(repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini");
+  ServedModel served;
+  served.name = "x";
+  served.tokenizer = &tok;
+  served.max_context = 64;
+  ServerOptions options;
+  options.port = 0;
+  Server holder(options, served, generator);
+  const int port = holder.start();
+  TinyModelDir dir(false, "qwen3.jinja");
+  const qinfer::testing::CommandResult r = qinfer::testing::run_command(
+      std::string(QINFER_BINARY) + " serve --model '" + dir.path().string() + "' --port " + std::to_string(port));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(port)));
+  // Without --model it serves the bundled demo model: loaded, then refused the same busy port.
+  const qinfer::testing::CommandResult demo =
+      qinfer::testing::run_command(std::string(QINFER_BINARY) + " serve --port " + std::to_string(port));
+  EXPECT_EQ(demo.status, 1);
+  EXPECT_THAT(demo.err, HasSubstr("bundled demo model"));
+  EXPECT_THAT(demo.err, HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(port)));
+}
+
+}  // namespace
+}  // namespace qinfer::server::testing

@@ -1,0 +1,499 @@
+// The HTTP layer end to end over real sockets, with a scripted generator standing in for the
+// model where a random-weight model cannot be made to produce the case: streamed tool calls in
+// both formats, reasoning, a client leaving mid-stream, errors during generation, shutdown. Also
+// the malformed-request corpus, auth and the queue-full answer.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/server.h"
+#include "server_test_util.h"
+
+namespace qinfer::server::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+const tokenizer::Tokenizer& mini_tokenizer() {
+  static const tokenizer::Tokenizer t =
+      tokenizer::Tokenizer::load(repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini");
+  return t;
+}
+
+// A chat template from tests/jinja/data (qwen3.jinja: Hermes tool calls; qwen35_features.jinja: XML).
+struct Template {
+  explicit Template(const std::string& file)
+      : source(read_file(repo_root() / "tests" / "jinja" / "data" / file)),
+        chat(source, file, json::parse(read_file(repo_root() / "tests" / "jinja" / "data" / "tokenizer_config.json"))) {
+  }
+  std::string source;
+  tokenizer::ChatTemplate chat;
+};
+
+const Template& qwen3_template() {
+  static const Template t("qwen3.jinja");
+  return t;
+}
+const Template& qwen35_template() {
+  static const Template t("qwen35_features.jinja");
+  return t;
+}
+
+struct ScriptedServer {
+  explicit ScriptedServer(const Template& tmpl = qwen3_template(), ServerOptions options = {}) {
+    ServedModel model;
+    model.name = "scripted";
+    model.tokenizer = &mini_tokenizer();
+    model.chat_template = &tmpl.chat;
+    model.chat_template_source = tmpl.source;
+    model.max_context = 4096;
+    options.port = 0;
+    options.max_body_bytes = 1 << 20;
+    options.http_threads = 16;
+    server = std::make_unique<Server>(options, model, generator);
+    port = server->start();
+  }
+  HttpResponse post(const std::string& path, const json& body, const std::vector<std::string>& headers = {}) {
+    return fetch(port, "POST", path, dump(body), headers);
+  }
+  ScriptedGenerator generator;
+  std::unique_ptr<Server> server;
+  int port = 0;
+};
+
+const json kTools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+  "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+  "required": ["city"]}}}])");
+
+json chat_body(bool stream) {
+  json body = {{"model", "scripted"}, {"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}};
+  if (stream) body["stream"] = true;
+  return body;
+}
+
+// What a client assembles from a chat stream, per choice.
+struct Assembled {
+  std::string role, reasoning, content, finish_reason;
+  std::vector<json> calls;  // {id, name, arguments}
+  bool done = false;
+  json usage;
+};
+
+Assembled assemble(const std::string& body) {
+  Assembled a;
+  for (const json& p : sse_payloads(body)) {
+    if (p == "[DONE]") {
+      a.done = true;
+      continue;
+    }
+    EXPECT_FALSE(a.done) << "data after [DONE]";
+    if (p.contains("usage") && !p["usage"].is_null()) a.usage = p["usage"];
+    if (p.contains("error")) ADD_FAILURE() << "error event: " << dump(p);
+    if (!p.contains("choices") || p["choices"].empty()) continue;
+    const json& choice = p["choices"][0];
+    const json& d = choice["delta"];
+    if (d.contains("role")) a.role = d["role"];
+    if (d.contains("reasoning_content")) a.reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) a.content += d["content"].get<std::string>();
+    if (d.contains("tool_calls"))
+      for (const json& c : d["tool_calls"]) {
+        const size_t index = c["index"];
+        if (c.contains("id")) {
+          EXPECT_EQ(index, a.calls.size());
+          a.calls.push_back({{"id", c["id"]}, {"name", c["function"]["name"]}, {"arguments", ""}});
+        }
+        EXPECT_LT(index, a.calls.size());
+        if (index < a.calls.size())
+          a.calls[index]["arguments"] =
+              a.calls[index]["arguments"].get<std::string>() + c["function"]["arguments"].get<std::string>();
+      }
+    if (!choice["finish_reason"].is_null()) a.finish_reason = choice["finish_reason"];
+  }
+  return a;
+}
+
+// Splits text into pieces of `size` bytes (tags land across pieces).
+std::vector<std::string> pieces(const std::string& text, size_t size) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < text.size(); i += size) out.push_back(text.substr(i, size));
+  return out;
+}
+
+TEST(ScriptedServer, StreamedHermesToolCall) {
+  ScriptedServer s;
+  const std::string output =
+      "<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
+  s.generator.set_script({pieces(output, 5)});
+  json body = chat_body(true);
+  body["tools"] = kTools;
+  body["stream_options"] = {{"include_usage", true}};
+  const HttpResponse r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_THAT(r.header("content-type"), HasSubstr("text/event-stream"));
+  const Assembled a = assemble(r.body);
+  EXPECT_TRUE(a.done);
+  EXPECT_EQ(a.role, "assistant");
+  EXPECT_EQ(a.reasoning, "The user wants the weather.");
+  EXPECT_EQ(a.content, "");
+  ASSERT_EQ(a.calls.size(), 1u);
+  EXPECT_EQ(a.calls[0]["name"], "get_weather");
+  EXPECT_EQ(json::parse(a.calls[0]["arguments"].get<std::string>()), (json{{"city", "Paris"}, {"days", 2}}));
+  EXPECT_TRUE(a.calls[0]["id"].get<std::string>().starts_with("call_"));
+  EXPECT_EQ(a.finish_reason, "tool_calls");
+  ASSERT_TRUE(a.usage.is_object());
+  EXPECT_EQ(a.usage["completion_tokens"], static_cast<int>(pieces(output, 5).size()));
+  // The tools went into the prompt the model saw (Qwen3's template lists them in <tools>).
+  const auto submitted = s.generator.submitted();
+  ASSERT_EQ(submitted.size(), 1u);
+  EXPECT_THAT(mini_tokenizer().decode(submitted[0].prompt), HasSubstr("\"name\": \"get_weather\""));
+}
+
+TEST(ScriptedServer, XmlToolCallsAndReasoningNonStreaming) {
+  ScriptedServer s(qwen35_template());
+  // Qwen3.5: the prompt opened <think>; two calls in one turn.
+  const std::string output =
+      "Two lookups.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+      "<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>";
+  s.generator.set_script({pieces(output, 3)});
+  json body = chat_body(false);
+  body["tools"] = kTools;
+  const HttpResponse r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.body_json();
+  const json& message = j["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "Two lookups.");
+  EXPECT_TRUE(message["content"].is_null());
+  ASSERT_EQ(message["tool_calls"].size(), 2u);
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            (json{{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(json::parse(message["tool_calls"][1]["function"]["arguments"].get<std::string>()),
+            (json{{"city", "Rome"}}));
+  EXPECT_NE(message["tool_calls"][0]["id"], message["tool_calls"][1]["id"]);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  // And streamed, byte by byte.
+  s.generator.set_script({pieces(output, 1)});
+  body["stream"] = true;
+  const Assembled a = assemble(s.post("/v1/chat/completions", body).body);
+  EXPECT_EQ(a.reasoning, "Two lookups.");
+  ASSERT_EQ(a.calls.size(), 2u);
+  EXPECT_EQ(json::parse(a.calls[1]["arguments"].get<std::string>()), (json{{"city", "Rome"}}));
+  EXPECT_EQ(a.finish_reason, "tool_calls");
+}
+
+TEST(ScriptedServer, ToolChoiceShapesThePrompt) {
+  ScriptedServer s(qwen35_template());
+  s.generator.set_script({{"<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"}});
+  json body = chat_body(false);
+  body["tools"] = kTools;
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  HttpResponse r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  // The prompt closed the reasoning block and opened the named call; the answer completes it.
+  std::string prompt = mini_tokenizer().decode(s.generator.submitted().back().prompt);
+  EXPECT_TRUE(prompt.ends_with("<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n")) << prompt;
+  const json call = r.body_json()["choices"][0]["message"]["tool_calls"][0];
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()), (json{{"city", "Oslo"}}));
+
+  body["tool_choice"] = "none";
+  s.generator.set_script({{"Sunny."}});
+  r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200);
+  prompt = mini_tokenizer().decode(s.generator.submitted().back().prompt);
+  EXPECT_THAT(prompt, ::testing::Not(HasSubstr("get_weather")));
+  EXPECT_EQ(r.body_json()["choices"][0]["message"]["reasoning_content"], "Sunny.");  // the block never closed
+
+  body["tool_choice"] = "required";
+  s.generator.set_script({{"get_weather>\n</function>\n</tool_call>"}});
+  r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_TRUE(mini_tokenizer().decode(s.generator.submitted().back().prompt).ends_with("<tool_call>\n<function="));
+  EXPECT_EQ(r.body_json()["choices"][0]["finish_reason"], "tool_calls");
+}
+
+TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
+  ScriptedServer s;
+  s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
+  RawConnection c(s.port);
+  c.send(http_request("POST", "/v1/chat/completions", dump(chat_body(true))));
+  const std::string seen = c.read_until([](const std::string& r) {
+    size_t events = 0;
+    for (size_t at = r.find("\"content\":\"tok \""); at != std::string::npos;
+         at = r.find("\"content\":\"tok \"", at + 1))
+      ++events;
+    return events >= 3;
+  });
+  ASSERT_THAT(seen, HasSubstr("\"content\":\"tok \""));
+  EXPECT_EQ(s.generator.running(), 1);
+  c.close();
+  const auto start = std::chrono::steady_clock::now();
+  while (s.generator.running() > 0 && std::chrono::steady_clock::now() - start < 2s) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(s.generator.running(), 0);
+  EXPECT_EQ(s.generator.cancels(), 1);
+  // Well within a few token intervals (not at the end of the 10-second script).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
+  // The server goes on serving.
+  s.generator.set_script({{"fine"}});
+  EXPECT_EQ(s.post("/v1/chat/completions", chat_body(false)).status, 200);
+}
+
+TEST(ScriptedServer, GenerationErrorsReachTheClient) {
+  ScriptedServer s;
+  s.generator.set_script({{"partial"}, "error"});
+  HttpResponse r = s.post("/v1/chat/completions", chat_body(false));
+  EXPECT_EQ(r.status, 500);
+  EXPECT_THAT(r.body_json()["error"]["message"].get<std::string>(), HasSubstr("scripted failure"));
+  r = s.post("/v1/chat/completions", chat_body(true));
+  EXPECT_EQ(r.status, 200);
+  const std::vector<json> events = sse_payloads(r.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json& error = events[events.size() - 2];
+  ASSERT_TRUE(error.contains("error")) << r.body;
+  EXPECT_THAT(error["error"]["message"].get<std::string>(), HasSubstr("scripted failure"));
+}
+
+TEST(ScriptedServer, StoppingEndsOpenStreamsWithAReason) {
+  ScriptedServer s;
+  s.generator.set_script({std::vector<std::string>(5000, "x"), "stop", 2ms});
+  RawConnection c(s.port);
+  c.send(http_request("POST", "/v1/chat/completions", dump(chat_body(true))));
+  c.read_until([](const std::string& r) { return r.find("\"content\":\"x\"") != std::string::npos; });
+  std::thread stopper([&] { s.server->stop(); });
+  const HttpResponse r = parse_http(c.read_all(5s));
+  stopper.join();
+  EXPECT_THAT(r.body, HasSubstr("shutting down"));
+  EXPECT_THAT(r.body, HasSubstr("data: [DONE]"));
+  EXPECT_EQ(s.generator.running(), 0);
+}
+
+TEST(ScriptedServer, CompletionsNAndLogprobs) {
+  ScriptedServer s;
+  s.generator.set_script({{"Hel", "lo"}, "length"});
+  const HttpResponse r =
+      s.post("/v1/completions", {{"prompt", {"a b", "c"}}, {"n", 2}, {"max_tokens", 2}, {"logprobs", 1}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.body_json();
+  EXPECT_EQ(j["object"], "text_completion");
+  ASSERT_EQ(j["choices"].size(), 4u);  // 2 prompts x n 2
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], "Hello");
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+    EXPECT_EQ(j["choices"][i]["logprobs"]["tokens"].size(), 2u);
+    EXPECT_EQ(j["choices"][i]["logprobs"]["top_logprobs"][0].size(), 1u);
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  const auto submitted = s.generator.submitted();
+  ASSERT_EQ(submitted.size(), 2u);
+  EXPECT_EQ(submitted[0].n, 2);
+  EXPECT_EQ(submitted[0].max_tokens, 2);
+  EXPECT_EQ(submitted[0].top_logprobs, 1);
+}
+
+TEST(ScriptedServer, ChatLogprobsAndSamplingReachTheGenerator) {
+  ScriptedServer s;
+  s.generator.set_script({{"a", "b"}});
+  json body = chat_body(false);
+  body.update({{"logprobs", true},
+               {"top_logprobs", 2},
+               {"temperature", 0.3},
+               {"top_k", 5},
+               {"seed", 11},
+               {"stop", {"zz"}},
+               {"max_completion_tokens", 7},
+               {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  const HttpResponse r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json lp = r.body_json()["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), 2u);
+  EXPECT_EQ(lp[0]["top_logprobs"].size(), 2u);
+  EXPECT_TRUE(lp[0]["bytes"].is_array());
+  const engine::RequestParams p = s.generator.submitted().back();
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.3f);
+  EXPECT_EQ(p.sampling.top_k, 5);
+  EXPECT_EQ(p.sampling.seed, 11u);
+  EXPECT_EQ(p.stop, std::vector<std::string>{"zz"});
+  EXPECT_EQ(p.max_tokens, 7);
+  EXPECT_EQ(p.top_logprobs, 2);
+  // enable_thinking=false reached the template: Qwen3's closed empty think block ends the prompt.
+  EXPECT_TRUE(mini_tokenizer().decode(p.prompt).ends_with("<think>\n\n</think>\n\n"));
+}
+
+// Bodies a server meets in the wild; each must get a 4xx with an error body, and the server must
+// keep serving.
+TEST(ScriptedServer, MalformedRequestCorpus) {
+  ScriptedServer s;
+  s.generator.set_script({{"ok"}});
+  const std::string big(2 << 20, 'a');
+  const std::vector<std::pair<std::string, int>> corpus = {
+      {"", 400},
+      {"{", 400},
+      {"not json", 400},
+      {"[]", 400},
+      {"null", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"\xc0\xaf\"}]}", 400},
+      {"{\"messages\": []}", 400},
+      {"{\"messages\": {}}", 400},
+      {"{\"messages\": [null]}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": {\"x\": 1}}]}", 400},
+      {"{\"messages\": [{\"role\": 5, \"content\": \"a\"}]}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_tokens\": -1}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_tokens\": 1e400}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_tokens\": 100000000}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"n\": 100000}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"temperature\": NaN}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"temperature\": 1e308}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"seed\": 1.5}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"stop\": {}}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": \"all\"}", 400},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"model\": \"gpt-4\"}", 404},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"" + std::string(5000, 'a') + "\"}], \"max_tokens\": 4000}",
+       400},  // context length
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"" + big + "\"}]}", 413},
+      {std::string(100000, '['), 400},  // deep nesting
+  };
+  for (const auto& [body, status] : corpus) {
+    const HttpResponse r = fetch(s.port, "POST", "/v1/chat/completions", body);
+    EXPECT_EQ(r.status, status) << body.substr(0, 120);
+    const json error = r.body_json();
+    ASSERT_TRUE(error.is_object() && error.contains("error")) << body.substr(0, 120) << " -> " << r.body.substr(0, 200);
+    EXPECT_TRUE(error["error"]["message"].is_string());
+    EXPECT_TRUE(error["error"]["type"].is_string());
+  }
+  EXPECT_EQ(fetch(s.port, "POST", "/v1/completions", R"({"prompt": [1, 999999]})").status, 400);
+  EXPECT_EQ(fetch(s.port, "POST", "/v1/completions", R"({"prompt": "a", "model": "x"})").body_json()["error"]["code"],
+            "model_not_found");
+  const HttpResponse missing = fetch(s.port, "GET", "/v1/nothing");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.body_json()["error"]["code"], "not_found");
+  // Bytes that are not HTTP at all.
+  RawConnection garbage(s.port);
+  garbage.send(std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11) + "\r\n\r\n");
+  EXPECT_THAT(garbage.read_until([](const std::string& r) { return r.find("\r\n\r\n") != std::string::npos; }, 3s),
+              HasSubstr("400"));
+  // Still serving.
+  EXPECT_EQ(fetch(s.port, "GET", "/health").status, 200);
+  EXPECT_EQ(s.post("/v1/chat/completions", chat_body(false)).status, 200);
+}
+
+// Valid bodies with random bytes flipped, dropped, duplicated or cut: never a 5xx, never a crash.
+TEST(ScriptedServer, MutatedBodiesNeverCrashIt) {
+  ScriptedServer s;
+  s.generator.set_script({{"ok"}});
+  const std::vector<std::string> seeds = {
+      dump({{"model", "scripted"},
+            {"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+            {"max_tokens", 3},
+            {"tools", kTools},
+            {"tool_choice", "auto"},
+            {"stop", {"a", "b"}},
+            {"logprobs", true},
+            {"top_logprobs", 2}}),
+      dump({{"messages",
+             {{{"role", "system"}, {"content", "s"}},
+              {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "t"}}}}},
+              {{"role", "assistant"},
+               {"content", nullptr},
+               {"tool_calls",
+                {{{"id", "c"},
+                  {"type", "function"},
+                  {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"x\"}"}}}}}}},
+              {{"role", "tool"}, {"tool_call_id", "c"}, {"content", "r"}}}},
+            {"n", 2},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}}}),
+  };
+  std::mt19937 rng(1234);
+  int requests = 0;
+  for (int round = 0; round < 150; ++round) {
+    std::string body = seeds[round % seeds.size()];
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const size_t at = rng() % body.size();
+      switch (rng() % 4) {
+        case 0:
+          body[at] = static_cast<char>(rng() % 256);
+          break;
+        case 1:
+          body.erase(at, 1 + rng() % 8);
+          break;
+        case 2:
+          body.insert(at, body.substr(at, 1 + rng() % 16));
+          break;
+        case 3:
+          body.resize(at);
+          break;
+      }
+    }
+    const HttpResponse r = fetch(s.port, "POST", round % 3 == 2 ? "/v1/completions" : "/v1/chat/completions", body);
+    ASSERT_GT(r.status, 0) << "no answer to: " << body;
+    EXPECT_LT(r.status, 500) << body << " -> " << r.body;
+    ++requests;
+  }
+  EXPECT_EQ(requests, 150);
+  EXPECT_EQ(fetch(s.port, "GET", "/health").status, 200);
+}
+
+TEST(ScriptedServer, TemplateErrorsAre400WithTheTemplatesMessage) {
+  ScriptedServer s(qwen35_template());
+  const HttpResponse r =
+      s.post("/v1/chat/completions", {{"messages", {{{"role", "assistant"}, {"content", "only me"}}}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.body_json()["error"]["message"].get<std::string>(), HasSubstr("No user query found in messages."));
+}
+
+TEST(ScriptedServer, ApiKeyGuardsTheApi) {
+  ServerOptions options;
+  options.api_key = "sekrit";
+  ScriptedServer s(qwen3_template(), options);
+  s.generator.set_script({{"ok"}});
+  HttpResponse r = s.post("/v1/chat/completions", chat_body(false));
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.body_json()["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(s.post("/v1/chat/completions", chat_body(false), {"Authorization: Bearer sekrix"}).status, 401);
+  EXPECT_EQ(fetch(s.port, "GET", "/v1/models").status, 401);
+  EXPECT_EQ(s.post("/v1/chat/completions", chat_body(false), {"Authorization: Bearer sekrit"}).status, 200);
+  EXPECT_EQ(fetch(s.port, "GET", "/v1/models", "", {"Authorization: Bearer sekrit"}).body_json()["data"][0]["id"],
+            "scripted");
+  EXPECT_EQ(fetch(s.port, "GET", "/health").status, 200);  // monitoring stays open
+}
+
+TEST(ScriptedServer, FullQueueIs429WithRetryAfter) {
+  ScriptedServer s;
+  s.generator.refuse_all(true);
+  const HttpResponse r = s.post("/v1/chat/completions", chat_body(false));
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.header("retry-after"), "1");
+  EXPECT_EQ(r.body_json()["error"]["code"], "queue_full");
+}
+
+TEST(ScriptedServer, ModelsHealthAndMetrics) {
+  ScriptedServer s;
+  s.generator.set_script({{"a", "b", "c"}, "stop", 2ms});
+  EXPECT_EQ(s.post("/v1/chat/completions", chat_body(true)).status, 200);
+  const json models = fetch(s.port, "GET", "/v1/models").body_json();
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "scripted");
+  EXPECT_EQ(models["data"][0]["max_model_len"], 4096);
+  EXPECT_EQ(fetch(s.port, "GET", "/v1/models/scripted").status, 200);
+  EXPECT_EQ(fetch(s.port, "GET", "/v1/models/other").status, 404);
+  const json health = fetch(s.port, "GET", "/health").body_json();
+  EXPECT_EQ(health["status"], "ok");
+  EXPECT_EQ(health["kv_blocks_used"], 0);
+  const HttpResponse metrics = fetch(s.port, "GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  for (const char* name : {"qinfer_time_to_first_token_seconds_count 1", "qinfer_inter_token_latency_seconds_count 2",
+                           "qinfer_requests_running", "qinfer_requests_waiting", "qinfer_kv_blocks_used",
+                           "qinfer_state_slots_used", "qinfer_prompt_tokens_total", "qinfer_generation_tokens_total",
+                           "qinfer_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
+                           "qinfer_choices_finished_total{reason=\"stop\"} 1"})
+    EXPECT_THAT(metrics.body, HasSubstr(name));
+}
+
+}  // namespace
+}  // namespace qinfer::server::testing
