@@ -106,7 +106,8 @@ void add_linear_quantized(std::vector<Case>& cases) {
   layouts.push_back({quant::Mode::mxfp8, 8, 32});
   for (const quant::Layout& layout : layouts) {
     // in = 192: a whole number of AVX2 blocks but not of AVX-512 ones (4-bit), so both kernels run.
-    for (auto [T, in] : {std::pair<int64_t, int64_t>{1, 256}, {5, 256}, {70, 256}, {3, 192}}) {
+    for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{1, 256}, {5, 256}, {70, 256}, {3, 192}}) {
+      const int64_t T = shape.first, in = shape.second;  // plain names: clang 14 cannot capture bindings
       if (in % layout.group_size != 0) continue;
       const int64_t out = 67;
       cases.push_back({"linear", fmt::format("{} {}-bit g{} T={} in={} out={}", quant::traits(layout.mode).name,
