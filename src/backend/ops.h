@@ -76,6 +76,11 @@ class Ops {
   virtual std::string_view name() const = 0;
   virtual Device device() const = 0;
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
+  // src → dst (same dtype and element count), each in host memory or in this backend's; a host
+  // destination is complete when the call returns. Host backends: a memcpy.
+  virtual void copy(const Tensor& src, Tensor& dst);
+  // copy_columns (tensor.h) on tensors in this backend's memory.
+  virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
 
   // out[t,:] = table[ids[t],:]. ids i32 [T]; table [V,H] (any Weight: quantized rows dequantize); out f32 [T,H].
   virtual void embedding(const Tensor& ids, const Weight& table, Tensor& out) = 0;
@@ -139,6 +144,11 @@ class Ops {
                       const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
                       std::vector<int32_t>& out) = 0;
 };
+
+// `host` in ops' memory: the tensor itself when ops works in host memory, else a copy.
+Tensor to_backend(Ops& ops, const Tensor& host);
+// `t` in host memory: the tensor itself when it is there, else a copy made through ops.
+Tensor to_host(Ops& ops, const Tensor& t);
 
 std::unique_ptr<Ops> make_ref_ops();
 std::unique_ptr<Ops> make_cpu_ops(ThreadPool& pool);

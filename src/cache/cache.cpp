@@ -2,14 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <span>
 
 #include "core/error.h"
 
 namespace qinfer {
 
 ModelCache::ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots)
-    : shape_(shape), block_size_(block_size) {
+    : ops_(&ops), shape_(shape), block_size_(block_size) {
   QINFER_CHECK(block_size > 0 && num_blocks > 0 && num_slots > 0, "cache: blocks, block size and slots must be > 0");
   for (int64_t i = 0; i < shape.attention_layers; ++i)
     kv_.push_back(KvPool{ops.alloc(DType::f32, {num_blocks, block_size, shape.kv_heads, shape.head_dim}),
@@ -56,37 +55,50 @@ int32_t ModelCache::allocate_slot() {
 void ModelCache::free_slot(int32_t slot) { free_slots_.push_back(slot); }
 
 namespace {
-// One slot's rows of a [slots, ...] state tensor.
-std::span<float> slot_span(const Tensor& t, int32_t slot) {
-  QINFER_CHECK(t.device == Device::cpu, "recurrent-state snapshots of device tensors go through their backend");
-  const int64_t per_slot = t.numel() / t.dim(0);
-  return {t.ptr<float>() + slot * per_slot, static_cast<size_t>(per_slot)};
+// One slot's rows of a [slots, ...] state tensor (a view, in the backend's memory).
+Tensor slot_rows(const Tensor& t, int32_t slot) {
+  QINFER_CHECK(slot >= 0 && slot < t.dim(0), "state slot {} is outside the cache's {} slots", slot, t.dim(0));
+  return t.rows(slot, slot + 1);
+}
+
+std::vector<float> read_slot(Ops& ops, const Tensor& t, int32_t slot) {
+  const Tensor host = to_host(ops, slot_rows(t, slot));
+  return {host.ptr<float>(), host.ptr<float>() + host.numel()};
+}
+
+void write_slot(Ops& ops, Tensor& t, int32_t slot, const std::vector<float>& values) {
+  Tensor rows = slot_rows(t, slot);
+  QINFER_CHECK(static_cast<int64_t>(values.size()) == rows.numel(), "state snapshot holds {} values for a slot of {}",
+               values.size(), rows.numel());
+  Tensor host = host_tensor(DType::f32, rows.shape);
+  std::copy(values.begin(), values.end(), host.ptr<float>());
+  ops.copy(host, rows);
+}
+
+// Zeros from the backend's own (zero-filled) allocation: no host round trip for device states.
+void zero_rows(Ops& ops, Tensor& t, int32_t slot) {
+  Tensor rows = slot_rows(t, slot);
+  ops.copy(ops.alloc(DType::f32, rows.shape), rows);
 }
 }  // namespace
 
 void ModelCache::zero_slot(int32_t slot) {
-  for (Tensor& t : conv_) std::ranges::fill(slot_span(t, slot), 0.0f);
-  for (Tensor& t : delta_) std::ranges::fill(slot_span(t, slot), 0.0f);
+  for (Tensor& t : conv_) zero_rows(*ops_, t, slot);
+  for (Tensor& t : delta_) zero_rows(*ops_, t, slot);
 }
 
 ModelCache::StateSnapshot ModelCache::snapshot(int32_t slot) const {
   StateSnapshot s;
-  for (const Tensor& t : conv_) {
-    auto span = slot_span(t, slot);
-    s.conv.emplace_back(span.begin(), span.end());
-  }
-  for (const Tensor& t : delta_) {
-    auto span = slot_span(t, slot);
-    s.delta.emplace_back(span.begin(), span.end());
-  }
+  for (const Tensor& t : conv_) s.conv.push_back(read_slot(*ops_, t, slot));
+  for (const Tensor& t : delta_) s.delta.push_back(read_slot(*ops_, t, slot));
   return s;
 }
 
 void ModelCache::restore(int32_t slot, const StateSnapshot& snapshot) {
   QINFER_CHECK(snapshot.conv.size() == conv_.size() && snapshot.delta.size() == delta_.size(),
                "state snapshot does not match this cache's layers");
-  for (size_t i = 0; i < conv_.size(); ++i) std::ranges::copy(snapshot.conv[i], slot_span(conv_[i], slot).begin());
-  for (size_t i = 0; i < delta_.size(); ++i) std::ranges::copy(snapshot.delta[i], slot_span(delta_[i], slot).begin());
+  for (size_t i = 0; i < conv_.size(); ++i) write_slot(*ops_, conv_[i], slot, snapshot.conv[i]);
+  for (size_t i = 0; i < delta_.size(); ++i) write_slot(*ops_, delta_[i], slot, snapshot.delta[i]);
 }
 
 void SequenceCache::reserve(ModelCache& cache, int32_t new_tokens) {

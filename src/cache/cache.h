@@ -46,6 +46,7 @@ class ModelCache {
  private:
   void zero_slot(int32_t slot);
 
+  Ops* ops_;  // the backend holding the pools and states
   CacheShape shape_;
   int32_t block_size_;
   std::vector<KvPool> kv_;

@@ -29,7 +29,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--system", o->system, "system message");
   add_generation_flags(cmd, o->flags);
   cmd->callback([o] {
-    auto m = load_model((o->model = model_or_default(o->model)), true);
+    auto m = load_model((o->model = model_or_default(o->model)), true, o->flags.device);
     struct sigaction action {};
     action.sa_handler = [](int) { g_cancel = true; };
     sigemptyset(&action.sa_mask);

@@ -1,5 +1,5 @@
 // `qinfer eval`: logits for token ids, the oracle interface tests and outside checks use.
-//   qinfer eval --model DIR --ids 1,2,3 [--mode prefill|decode|chunked:N] [--device cpu]
+//   qinfer eval --model DIR --ids 1,2,3 [--mode prefill|decode|chunked:N] [--device cpu|ref|cuda[:N]]
 //               [--logits OUT.bin] [--greedy N]
 #include <fmt/format.h>
 
@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "core/error.h"
-#include "core/thread_pool.h"
 #include "models/eval.h"
 
 namespace qinfer::cli {
@@ -31,12 +31,6 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-std::unique_ptr<Ops> make_ops(const std::string& device) {
-  if (device == "cpu") return make_cpu_ops(global_thread_pool());
-  if (device == "ref") return make_ref_ops();
-  fail("--device {}: this build runs models on cpu (or ref, the scalar reference)", device);
-}
-
 }  // namespace
 
 void add_eval_command(CLI::App& app) {
@@ -49,7 +43,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "checkpoint folder")->required();
   cmd->add_option("--ids", o->ids, "comma-separated token ids")->required();
   cmd->add_option("--mode", o->mode, "prefill | decode | chunked:N (default prefill)");
-  cmd->add_option("--device", o->device, "cpu (default) or ref");
+  cmd->add_option("--device", o->device, "cpu (default), ref or cuda[:N]");
   cmd->add_option("--logits", o->logits, "write float32 little-endian logits [L, V] here");
   cmd->add_option("--dump", o->dump,
                   "write every named intermediate (model.layers.{i}.*) as f32 .bin files plus manifest.json here "
@@ -73,8 +67,9 @@ void add_eval_command(CLI::App& app) {
       if (!o->dump.empty()) {
         std::filesystem::create_directories(o->dump);
         dump = [&](const std::string& name, const Tensor& value) {
+          const Tensor host = to_host(*ops, value);
           std::ofstream out(std::filesystem::path(o->dump) / (name + ".bin"), std::ios::binary);
-          out.write(static_cast<const char*>(value.data), static_cast<std::streamsize>(value.nbytes()));
+          out.write(static_cast<const char*>(host.data), static_cast<std::streamsize>(host.nbytes()));
           QINFER_CHECK(out.good(), "--dump {}: cannot write {}.bin", o->dump, name);
           manifest[name] = value.shape;
         };

@@ -32,7 +32,7 @@ void add_run_command(CLI::App& app) {
   cmd->callback([o] {
     QINFER_CHECK(tokenizer::is_valid_utf8(o->prompt), "--prompt: not valid UTF-8 (at byte {})",
                  tokenizer::valid_utf8_prefix(o->prompt));
-    auto m = load_model((o->model = model_or_default(o->model)), !o->raw);
+    auto m = load_model((o->model = model_or_default(o->model)), !o->raw, o->flags.device);
     std::string text = o->prompt;
     if (!o->raw) {
       nlohmann::ordered_json request = {{"messages", nlohmann::ordered_json::array()}};

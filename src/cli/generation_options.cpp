@@ -8,6 +8,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#ifdef QINFER_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
 
 namespace qinfer::cli {
 
@@ -40,10 +43,27 @@ std::string model_or_default(const std::string& model) {
   return dir;
 }
 
-std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template) {
+std::unique_ptr<Ops> make_ops(const std::string& device) {
+  if (device == "cpu") return make_cpu_ops(global_thread_pool());
+  if (device == "ref") return make_ref_ops();
+  if (device == "cuda" || device.starts_with("cuda:")) {
+#ifdef QINFER_HAVE_CUDA
+    const std::string index = device.size() > 5 ? device.substr(5) : "0";
+    QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
+                 "--device {}: expected cuda or cuda:N with N a GPU index", device);
+    return make_cuda_ops(std::stoi(index));
+#else
+    fail("--device {}: this build has no CUDA backend (configure with -DQINFER_CUDA=ON where nvcc is installed)",
+         device);
+#endif
+  }
+  fail("--device {}: expected cpu, ref or cuda[:N]", device);
+}
+
+std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device) {
   models::Checkpoint checkpoint = models::open_checkpoint(dir);
   tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(dir);
-  auto loaded = std::unique_ptr<LoadedModel>(new LoadedModel{dir, std::move(checkpoint), make_cpu_ops(global_thread_pool()),
+  auto loaded = std::unique_ptr<LoadedModel>(new LoadedModel{dir, std::move(checkpoint), make_ops(device),
                                                              nullptr, std::move(tok), std::nullopt, {}});
   loaded->model = std::make_unique<models::Model>(loaded->checkpoint, *loaded->ops);
   if (need_template) loaded->chat_template = tokenizer::ChatTemplate::from_model_dir(dir);
@@ -69,6 +89,7 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_option("--think", f.think, "show or hide <think> reasoning in the output (default show)")
       ->check(CLI::IsMember({"show", "hide"}));
   cmd->add_flag("!--no-thinking", f.thinking, "ask the template to turn thinking off (enable_thinking=false)");
+  cmd->add_option("--device", f.device, "cpu (default) or cuda[:N]");
 }
 
 }  // namespace qinfer::cli

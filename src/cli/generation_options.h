@@ -22,7 +22,10 @@ struct LoadedModel {
   std::vector<int32_t> stop_ids;
 };
 
-std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template);
+// The backend named by --device: cpu, ref (the scalar reference) or cuda[:N] (CUDA builds).
+std::unique_ptr<Ops> make_ops(const std::string& device);
+
+std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device = "cpu");
 
 // The model used when no --model is given: the bundled demo model, models/demo/ of the source tree
 // (found beside the binary's build folder, or at the source path this binary was built from).
@@ -35,6 +38,7 @@ struct GenerationFlags {
   engine::GenerationOptions options;
   std::string think = "show";  // show | hide
   bool thinking = true;        // enable_thinking for the template
+  std::string device = "cpu";  // cpu | cuda[:N]
 };
 void add_generation_flags(CLI::App* cmd, GenerationFlags& flags);
 

@@ -282,11 +282,15 @@ void Scheduler::Impl::step() {
     }
   }
   const int64_t vocab = logits.dim(1);
+  // Logprobs read the logits in host memory: a device backend copies them only when asked for.
+  const bool logprobs = std::any_of(ready.begin(), ready.end(),
+                                    [&](size_t r) { return batch[r]->request->params.top_logprobs >= 0; });
+  const Tensor host_logits = logprobs ? to_host(model.ops(), logits) : Tensor{};
   for (size_t r : ready) {
     Sequence& s = *batch[r];
     if (s.state != Sequence::State::running) continue;
     try {
-      advance(s, next[r], logits.ptr<float>() + static_cast<int64_t>(r) * vocab, vocab);
+      advance(s, next[r], logprobs ? host_logits.ptr<float>() + static_cast<int64_t>(r) * vocab : nullptr, vocab);
     } catch (const std::exception& e) {
       end_request(s.request, "error", fmt::format("processing a generated token failed: {}", e.what()));
     }

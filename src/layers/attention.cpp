@@ -45,8 +45,8 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
     Tensor per_head = q_and_gate.reshape({T * heads, 2 * hd});
     Tensor q_rows = q.reshape({T * heads, hd});
     gate = ctx.alloc({T * heads, hd});
-    copy_columns(per_head, 0, q_rows, 0, hd);
-    copy_columns(per_head, hd, gate, 0, hd);
+    ops.copy_columns(per_head, 0, q_rows, 0, hd);
+    ops.copy_columns(per_head, hd, gate, 0, hd);
     gate = gate.reshape({T, heads * hd});
   } else {
     Tensor q_flat = q.reshape({T, heads * hd});

@@ -49,17 +49,17 @@ void GatedDeltaNet::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) c
     Tensor groups = qkvz.reshape({T * Hk, 2 * Dk + 2 * r * Dv});
     Tensor q = ctx.alloc({T * Hk, Dk}), k = ctx.alloc({T * Hk, Dk}), v = ctx.alloc({T * Hk, r * Dv});
     Tensor z_groups = z.reshape({T * Hk, r * Dv});
-    copy_columns(groups, 0, q, 0, Dk);
-    copy_columns(groups, Dk, k, 0, Dk);
-    copy_columns(groups, 2 * Dk, v, 0, r * Dv);
-    copy_columns(groups, 2 * Dk + r * Dv, z_groups, 0, r * Dv);
-    copy_columns(q.reshape({T, keys}), 0, qkv, 0, keys);
-    copy_columns(k.reshape({T, keys}), 0, qkv, keys, keys);
-    copy_columns(v.reshape({T, values}), 0, qkv, 2 * keys, values);
+    ops.copy_columns(groups, 0, q, 0, Dk);
+    ops.copy_columns(groups, Dk, k, 0, Dk);
+    ops.copy_columns(groups, 2 * Dk, v, 0, r * Dv);
+    ops.copy_columns(groups, 2 * Dk + r * Dv, z_groups, 0, r * Dv);
+    ops.copy_columns(q.reshape({T, keys}), 0, qkv, 0, keys);
+    ops.copy_columns(k.reshape({T, keys}), 0, qkv, keys, keys);
+    ops.copy_columns(v.reshape({T, values}), 0, qkv, 2 * keys, values);
     Tensor ba_groups = ba.reshape({T * Hk, 2 * r});
     Tensor b_groups = b.reshape({T * Hk, r}), a_groups = a.reshape({T * Hk, r});
-    copy_columns(ba_groups, 0, b_groups, 0, r);
-    copy_columns(ba_groups, r, a_groups, 0, r);
+    ops.copy_columns(ba_groups, 0, b_groups, 0, r);
+    ops.copy_columns(ba_groups, r, a_groups, 0, r);
   } else {
     ops.linear(x, in_proj_qkv, qkv);
     ops.linear(x, in_proj_z, z);
@@ -75,9 +75,9 @@ void GatedDeltaNet::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) c
   // 3. q, k l2-normalized per head (q also scaled by Dk^-1/2); v as is.
   Tensor q = ctx.alloc({T, Hk, Dk}), k = ctx.alloc({T, Hk, Dk}), v = ctx.alloc({T, Hv, Dv});
   Tensor q_flat = q.reshape({T, keys}), k_flat = k.reshape({T, keys}), v_flat = v.reshape({T, values});
-  copy_columns(conv, 0, q_flat, 0, keys);
-  copy_columns(conv, keys, k_flat, 0, keys);
-  copy_columns(conv, 2 * keys, v_flat, 0, values);
+  ops.copy_columns(conv, 0, q_flat, 0, keys);
+  ops.copy_columns(conv, keys, k_flat, 0, keys);
+  ops.copy_columns(conv, 2 * keys, v_flat, 0, values);
   Tensor q_rows = q.reshape({T * Hk, Dk}), k_rows = k.reshape({T * Hk, Dk});
   ops.l2_norm(q_rows, 1e-6f, 1.0f / std::sqrt(static_cast<float>(Dk)), q_rows);
   ops.l2_norm(k_rows, 1e-6f, 1.0f, k_rows);

@@ -9,11 +9,12 @@ namespace qinfer::layers {
 namespace {
 
 Tensor copy_to(Ops& ops, const io::CanonicalTensor& t) {
-  Tensor out = ops.alloc(t.dtype, t.shape);
-  QINFER_CHECK(out.device == Device::cpu, "weight upload to {} is done by its backend", ops.name());
+  Tensor host = host_tensor(t.dtype, t.shape);
   std::vector<std::byte> bytes = t.read_bytes();
-  std::memcpy(out.data, bytes.data(), bytes.size());
-  return out;
+  QINFER_CHECK(bytes.size() == host.nbytes(), "tensor '{}': read {} bytes, its shape holds {}", t.name, bytes.size(),
+               host.nbytes());
+  std::memcpy(host.data, bytes.data(), bytes.size());
+  return to_backend(ops, host);
 }
 
 }  // namespace
@@ -39,10 +40,11 @@ Weight WeightLoader::matrix(const std::string& name) const {
 Tensor WeightLoader::vector(const std::string& name) const {
   const io::CanonicalTensor& t = plan_.at(name);
   std::vector<float> values = t.read_f32();
-  Tensor out = ops_.alloc(DType::f32, t.shape);
-  QINFER_CHECK(out.device == Device::cpu, "weight upload to {} is done by its backend", ops_.name());
-  std::memcpy(out.data, values.data(), values.size() * sizeof(float));
-  return out;
+  Tensor host = host_tensor(DType::f32, t.shape);
+  QINFER_CHECK(values.size() * sizeof(float) == host.nbytes(), "tensor '{}': read {} values, its shape holds {}",
+               t.name, values.size(), host.numel());
+  std::memcpy(host.data, values.data(), values.size() * sizeof(float));
+  return to_backend(ops_, host);
 }
 
 }  // namespace qinfer::layers

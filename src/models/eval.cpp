@@ -37,7 +37,7 @@ Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode 
     const int64_t end = std::min(L, begin + step);
     Batch batch;
     batch.sequences.push_back({std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end), &seq, true});
-    Tensor logits = model.forward(batch, cache, dump);
+    const Tensor logits = to_host(model.ops(), model.forward(batch, cache, dump));
     std::memcpy(out.ptr<float>() + begin * V, logits.data, static_cast<size_t>((end - begin) * V) * sizeof(float));
   }
   return out;
@@ -52,7 +52,7 @@ std::vector<int32_t> greedy_continuation(Model& model, const std::vector<int32_t
   for (int32_t i = 0; i < count; ++i) {
     Batch batch;
     batch.sequences.push_back({next, &seq, false});
-    Tensor logits = model.forward(batch, cache);
+    const Tensor logits = to_host(model.ops(), model.forward(batch, cache));
     const float* row = logits.ptr<float>();
     const int32_t token = static_cast<int32_t>(std::max_element(row, row + V) - row);
     generated.push_back(token);

@@ -74,13 +74,14 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   const int64_t T = static_cast<int64_t>(tokens.size());
   // Text positions: all three MRoPE rows equal to the token's index in its sequence.
   Tensor positions = host_tensor(DType::i32, {3, T});
-  Tensor ids = host_tensor(DType::i32, {T});
+  Tensor ids_host = host_tensor(DType::i32, {T});
   for (size_t s = 0; s < batch.sequences.size(); ++s)
     for (int32_t i = layout.seqs.cu_seqlens[s]; i < layout.seqs.cu_seqlens[s + 1]; ++i)
       for (int axis = 0; axis < 3; ++axis)
         positions.ptr<int32_t>()[axis * T + i] = layout.cached[s] + (i - layout.seqs.cu_seqlens[s]);
-  std::copy(tokens.begin(), tokens.end(), ids.ptr<int32_t>());
-  ctx.positions = positions;
+  std::copy(tokens.begin(), tokens.end(), ids_host.ptr<int32_t>());
+  const Tensor ids = to_backend(ops_, ids_host);
+  ctx.positions = to_backend(ops_, positions);
   ctx.dump = dump;
 
   // The decoder, as in the HF modeling files.
@@ -112,7 +113,7 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   Tensor selected = ctx.alloc({static_cast<int64_t>(rows.size()), c.hidden_size});
   for (size_t r = 0; r < rows.size(); ++r) {
     Tensor dst = selected.rows(static_cast<int64_t>(r), static_cast<int64_t>(r) + 1);
-    copy_columns(h.rows(rows[r], rows[r] + 1), 0, dst, 0, c.hidden_size);
+    ops_.copy_columns(h.rows(rows[r], rows[r] + 1), 0, dst, 0, c.hidden_size);
   }
   ops_.rms_norm(selected, final_norm, eps, selected);
   ctx.named("model.norm", selected);

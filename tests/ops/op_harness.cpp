@@ -8,6 +8,9 @@
 #include <string_view>
 
 #include "backend/cpu/cpu_ops.h"
+#ifdef QINFER_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
 #include "ops/harness.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -30,6 +33,9 @@ const std::vector<Backend>& backends() {
        [] { return make_cpu_ops(global_thread_pool()); }, host_upload, clone},
       {"cpu-portable", "the cpu backend on its portable (non-AVX2) kernels",
        [] { return make_cpu_ops(global_thread_pool(), cpu::portable_kernels()); }, host_upload, clone},
+#ifdef QINFER_HAVE_CUDA
+      {"cuda", "the cuda backend on GPU 0", [] { return make_cuda_ops(0); }, cuda::to_device, cuda::to_host},
+#endif
   };
   return list;
 }
@@ -110,7 +116,18 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "op_harness: unknown backend '{}' (run with --help for the list)\n", backend_name);
     return 2;
   }
-  std::unique_ptr<Ops> dut = backend->make();
+  std::unique_ptr<Ops> dut;
+  try {
+    dut = backend->make();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "op_harness: cannot start backend '{}': {}\n", backend_name, e.what());
+    return 2;
+  }
+  if (perf && dut->device() != Device::cpu) {
+    // perf.cpp times host calls with a wall clock; device ops return before their kernels finish.
+    fmt::print(stderr, "op_harness: --perf times host backends only (device kernels run asynchronously)\n");
+    return 2;
+  }
   if (perf) return run_perf(*backend, *dut, filter);
 
   std::unique_ptr<Ops> ref = make_ref_ops();

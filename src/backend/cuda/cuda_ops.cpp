@@ -1,0 +1,852 @@
+// The cuda backend: argument checks (the same rules and messages as cpu / ref), device memory,
+// the batch layouts uploaded as index arrays, and the dispatch of every op to its kernels
+// (launch.h). Prefill-sized linear layers go through cuBLAS in fp32 on dequantized weight rows;
+// sampling copies logits to the host and runs sampling.h's definition, except greedy rows, which
+// are picked on the device.
+#include "backend/cuda/cuda_ops.h"
+
+#include <cublas_v2.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/launch.h"
+#include "core/error.h"
+
+namespace qinfer::cuda {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  QINFER_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS call {} failed: {}", call, cublasGetStatusString(status));
+}
+
+// --- argument checks -----------------------------------------------------------------------------
+
+void check_tensor(std::string_view op, std::string_view arg, const Tensor& t, int rank) {
+  QINFER_CHECK(t.device == Device::cuda, "cuda {}: {} is in host memory; device ops take tensors of the cuda backend",
+               op, arg);
+  QINFER_CHECK(t.rank() == rank, "cuda {}: {} must have rank {}, got shape {}", op, arg, rank, shape_str(t.shape));
+  for (int64_t d : t.shape)
+    QINFER_CHECK(d >= 0, "cuda {}: {} has a negative dimension {}", op, arg, shape_str(t.shape));
+  QINFER_CHECK(t.data != nullptr || t.numel() == 0, "cuda {}: {} has no storage", op, arg);
+}
+
+void check_f32(std::string_view op, std::string_view arg, const Tensor& t, int rank) {
+  check_tensor(op, arg, t, rank);
+  QINFER_CHECK(t.dtype == DType::f32, "cuda {}: {} must be f32, got {}", op, arg, name(t.dtype));
+}
+
+void check_i32(std::string_view op, std::string_view arg, const Tensor& t, int rank) {
+  check_tensor(op, arg, t, rank);
+  QINFER_CHECK(t.dtype == DType::i32, "cuda {}: {} must be i32, got {}", op, arg, name(t.dtype));
+}
+
+void check_shape(std::string_view op, std::string_view arg, const Tensor& t, const std::vector<int64_t>& shape) {
+  QINFER_CHECK(t.shape == shape, "cuda {}: {} must have shape {}, got {}", op, arg, shape_str(shape),
+               shape_str(t.shape));
+}
+
+void check_distinct(std::string_view op, std::string_view a_name, const Tensor& a, std::string_view b_name,
+                    const Tensor& b) {
+  QINFER_CHECK(a.data != b.data || a.numel() == 0, "cuda {}: {} must not alias {}", op, a_name, b_name);
+}
+
+// cu_seqlens runs from 0 to `tokens` without decreasing; with `slots` ≥ 0 every sequence names a
+// distinct state slot below it.
+void check_layout(std::string_view op, const SeqLayout& layout, int64_t tokens, int64_t slots) {
+  const auto& cu = layout.cu_seqlens;
+  QINFER_CHECK(!cu.empty() && cu[0] == 0, "cuda {}: layout.cu_seqlens must start with 0", op);
+  for (size_t s = 0; s + 1 < cu.size(); ++s)
+    QINFER_CHECK(cu[s] <= cu[s + 1], "cuda {}: layout.cu_seqlens decreases at {}: {} > {}", op, s, cu[s], cu[s + 1]);
+  QINFER_CHECK(cu.back() == tokens, "cuda {}: layout.cu_seqlens covers {} tokens but the batch has {}", op, cu.back(),
+               tokens);
+  if (slots < 0) return;
+  QINFER_CHECK(static_cast<int64_t>(layout.state_slot.size()) == layout.num_seqs(),
+               "cuda {}: layout.state_slot has {} entries for {} sequences", op, layout.state_slot.size(),
+               layout.num_seqs());
+  std::vector<int32_t> sorted = layout.state_slot;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    QINFER_CHECK(sorted[i] >= 0 && sorted[i] < slots, "cuda {}: state slot {} is outside the {} slots of the state",
+                 op, sorted[i], slots);
+    QINFER_CHECK(i == 0 || sorted[i] != sorted[i - 1], "cuda {}: state slot {} is used by two sequences of one batch",
+                 op, sorted[i]);
+  }
+}
+
+// Validates a paged layout against a pool of `num_blocks` blocks: every position a sequence stores
+// (kv_store: cached .. cached+len) or reads (attention: 0 .. cached+len) has a physical block.
+void check_attention_layout(std::string_view op, const AttentionLayout& layout, int64_t tokens, int64_t num_blocks,
+                            bool reads_cache) {
+  check_layout(op, layout.seqs, tokens, -1);
+  const int64_t S = layout.seqs.num_seqs();
+  QINFER_CHECK(layout.block_size > 0 && layout.max_blocks >= 0, "cuda {}: block_size {} / max_blocks {} are invalid",
+               op, layout.block_size, layout.max_blocks);
+  QINFER_CHECK(static_cast<int64_t>(layout.block_table.size()) == S * layout.max_blocks,
+               "cuda {}: block_table has {} entries, expected {} sequences x {} max_blocks", op,
+               layout.block_table.size(), S, layout.max_blocks);
+  QINFER_CHECK(static_cast<int64_t>(layout.cached.size()) == S, "cuda {}: cached has {} entries for {} sequences", op,
+               layout.cached.size(), S);
+  QINFER_CHECK(num_blocks * layout.block_size <= std::numeric_limits<int32_t>::max(),
+               "cuda {}: a pool of {} blocks of {} tokens has more rows than the kernels index", op, num_blocks,
+               layout.block_size);
+  const auto& cu = layout.seqs.cu_seqlens;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t cached = layout.cached[s], len = cu[s + 1] - cu[s];
+    QINFER_CHECK(cached >= 0, "cuda {}: cached[{}] = {} is negative", op, s, cached);
+    if (len == 0) continue;
+    const int64_t first = reads_cache ? 0 : cached, end = cached + len;
+    QINFER_CHECK(end <= static_cast<int64_t>(layout.max_blocks) * layout.block_size,
+                 "cuda {}: sequence {} reaches position {}, beyond its block table of {} blocks of {} tokens", op, s,
+                 end - 1, layout.max_blocks, layout.block_size);
+    for (int64_t b = first / layout.block_size; b <= (end - 1) / layout.block_size; ++b) {
+      const int32_t physical = layout.block_table[s * layout.max_blocks + b];
+      QINFER_CHECK(physical >= 0 && physical < num_blocks,
+                   "cuda {}: block_table[{}, {}] = {} is outside the pool's {} blocks", op, s, b, physical, num_blocks);
+    }
+  }
+}
+
+// --- device memory -------------------------------------------------------------------------------
+
+// The Ops' stream, shared with every tensor it allocates so that frees stay ordered after the work
+// that uses the memory, even for tensors that outlive the Ops.
+struct Stream {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  ~Stream() {
+    if (stream) {
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
+  }
+};
+
+// An int32 array on the device that is uploaded again only when its contents change (a batch's
+// layout is the same for every layer of a forward).
+class IndexUpload {
+ public:
+  IndexUpload() = default;
+  IndexUpload(const IndexUpload&) = delete;
+  IndexUpload& operator=(const IndexUpload&) = delete;
+  ~IndexUpload() {
+    if (device_) cudaFreeAsync(device_, stream_);
+  }
+
+  const int32_t* get(const std::vector<int32_t>& values, cudaStream_t stream) {
+    if (device_ != nullptr && values == host_) return device_;
+    stream_ = stream;
+    if (values.size() > capacity_) {
+      if (device_) QINFER_CUDA_CHECK(cudaFreeAsync(device_, stream));
+      device_ = nullptr;
+      capacity_ = std::max<size_t>(values.size(), 2 * capacity_);
+      QINFER_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&device_), capacity_ * sizeof(int32_t), stream));
+    }
+    if (device_ == nullptr) {  // nothing to hold yet: a distinct, valid pointer all the same
+      capacity_ = 16;
+      QINFER_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&device_), capacity_ * sizeof(int32_t), stream));
+    }
+    // Stream-ordered after the kernels that read the previous contents; a pageable source is
+    // staged before the call returns, so `values` may change afterwards.
+    if (!values.empty())
+      QINFER_CUDA_CHECK(cudaMemcpyAsync(device_, values.data(), values.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                        stream));
+    host_ = values;
+    return device_;
+  }
+
+ private:
+  std::vector<int32_t> host_;
+  int32_t* device_ = nullptr;
+  size_t capacity_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Work memory for one op: freed (stream-ordered) when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes > 0) {
+      const cudaError_t status = cudaMallocAsync(&data_, bytes, stream);
+      QINFER_CHECK(status == cudaSuccess, "cuda: cannot allocate {} bytes of work memory: {}", bytes,
+                   cudaGetErrorString(status));
+    }
+  }
+  ~Scratch() {
+    if (data_) cudaFreeAsync(data_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+constexpr size_t kGemmScratchFloats = size_t{32} << 20;  // dequantized weight rows per GEMM pass (128 MiB)
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(int device) {
+    const int count = device_count();
+    QINFER_CHECK(count > 0, "cuda: no CUDA device is visible (no driver or no GPU); use the cpu backend");
+    QINFER_CHECK(device >= 0 && device < count, "cuda: device {} does not exist ({} visible)", device, count);
+    QINFER_CUDA_CHECK(cudaSetDevice(device));
+    int pools = 0;
+    QINFER_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    QINFER_CHECK(pools != 0, "cuda: device {} has no stream-ordered memory pools (needs CUDA 11.2+ and a recent driver)",
+                 device);
+    // Freed memory stays in the pool: a forward allocates and frees its activations every step.
+    cudaMemPool_t pool = nullptr;
+    QINFER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = std::numeric_limits<uint64_t>::max();
+    QINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    QINFER_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+    max_shared_ = attention_max_shared_bytes(device);
+
+    stream_ = std::make_shared<Stream>();
+    stream_->device = device;
+    // A blocking stream: work on the legacy default stream (to_host's copies) orders after it.
+    QINFER_CUDA_CHECK(cudaStreamCreate(&stream_->stream));
+    QINFER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&status_), sizeof(DeviceStatus)));
+    QINFER_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream()));
+    check_cublas(cublasCreate(&cublas_), "cublasCreate");
+    check_cublas(cublasSetStream(cublas_, stream()), "cublasSetStream");
+  }
+
+  ~CudaOps() override {
+    cudaSetDevice(stream_->device);
+    cudaStreamSynchronize(stream());
+    if (cublas_) cublasDestroy(cublas_);
+    if (status_) cudaFree(status_);
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda; }
+  cudaStream_t stream() const { return stream_->stream; }
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override {
+    for (int64_t d : shape) QINFER_CHECK(d >= 0, "cuda alloc: negative dimension in shape {}", shape_str(shape));
+    enter();
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.device = Device::cuda;
+    const uint64_t bytes = t.nbytes();
+    if (bytes == 0) return t;
+    void* p = nullptr;
+    const cudaError_t status = cudaMallocAsync(&p, bytes, stream());
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      fail("cuda alloc: cannot allocate {} bytes on GPU {} for a {} {} tensor: {}", bytes, stream_->device,
+           qinfer::name(dtype), shape_str(t.shape), cudaGetErrorString(status));
+    }
+    std::shared_ptr<Stream> holder = stream_;
+    t.owner = std::shared_ptr<void>(p, [holder](void* q) { cudaFreeAsync(q, holder->stream); });
+    t.data = p;
+    QINFER_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
+    return t;
+  }
+
+  // Copies between host memory and this device (either side, either direction).
+  void copy(const Tensor& src, Tensor& dst) override {
+    QINFER_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel(),
+                 "cuda copy: {} {} cannot be copied into {} {}", qinfer::name(src.dtype), shape_str(src.shape),
+                 qinfer::name(dst.dtype), shape_str(dst.shape));
+    const uint64_t bytes = src.nbytes();
+    if (bytes == 0) return;
+    QINFER_CHECK(src.data != nullptr && dst.data != nullptr, "cuda copy: a tensor of {} bytes has no storage", bytes);
+    enter();
+    const bool from_device = src.device == Device::cuda, to_device = dst.device == Device::cuda;
+    if (!from_device && !to_device) {
+      std::memmove(dst.data, src.data, bytes);
+      return;
+    }
+    const cudaMemcpyKind kind = from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                                            : cudaMemcpyHostToDevice;
+    QINFER_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, kind, stream()));
+    if (!to_device) synchronize();
+  }
+
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override {
+    if (src.device == Device::cpu && dst.device == Device::cpu) return qinfer::copy_columns(src, src_col, dst, dst_col, width);
+    QINFER_CHECK(src.rank() == 2 && dst.rank() == 2 && src.dim(0) == dst.dim(0) && src.dtype == dst.dtype &&
+                     src.device == Device::cuda && dst.device == Device::cuda && src_col >= 0 && dst_col >= 0 &&
+                     width >= 0 && src_col + width <= src.dim(1) && dst_col + width <= dst.dim(1) &&
+                     bits(src.dtype) % 8 == 0,
+                 "cuda copy_columns: bad arguments (src [{}, {}] col {}, dst [{}, {}] col {}, width {})",
+                 src.rank() == 2 ? src.dim(0) : -1, src.rank() == 2 ? src.dim(1) : -1, src_col,
+                 dst.rank() == 2 ? dst.dim(0) : -1, dst.rank() == 2 ? dst.dim(1) : -1, dst_col, width);
+    enter();
+    const int64_t elem = bits(src.dtype) / 8;
+    launch_copy_2d(static_cast<const char*>(src.data) + src_col * elem, src.dim(1) * elem,
+                   static_cast<char*>(dst.data) + dst_col * elem, dst.dim(1) * elem, width * elem, src.dim(0),
+                   stream());
+  }
+
+  void embedding(const Tensor& ids, const Weight& table, Tensor& out) override {
+    check_i32("embedding", "ids", ids, 1);
+    const WeightView w = view("embedding", "table", table, 2);
+    const int64_t T = ids.dim(0);
+    check_f32("embedding", "out", out, 2);
+    check_shape("embedding", "out", out, {T, w.in});
+    enter();
+    launch_embedding(ids.ptr<int32_t>(), T, w, out.ptr<float>(), status_, stream());
+  }
+
+  void linear(const Tensor& x, const Weight& weight, Tensor& y) override {
+    check_f32("linear", "x", x, 2);
+    const int64_t T = x.dim(0), in = x.dim(1);
+    const WeightView w = view("linear", "w", weight, 2);
+    QINFER_CHECK(w.in == in, "cuda linear: w {} does not take inputs of width {}", shape_str(weight.shape()), in);
+    const int64_t out = w.rows;
+    check_f32("linear", "y", y, 2);
+    check_shape("linear", "y", y, {T, out});
+    check_distinct("linear", "y", y, "x", x);
+    enter();
+    if (T == 0 || out == 0) return;
+    if (in == 0) {
+      QINFER_CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), stream()));
+      return;
+    }
+    if (T <= kGemvMaxTokens) return launch_gemv(x.ptr<float>(), T, w, y.ptr<float>(), stream());
+    gemm(x.ptr<float>(), T, w, y.ptr<float>());
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
+    check_rows("rms_norm", x, y);
+    check_f32("rms_norm", "w", w, 1);
+    check_shape("rms_norm", "w", w, {x.dim(1)});
+    enter();
+    launch_rms_norm(x.ptr<float>(), w.ptr<float>(), nullptr, eps, x.dim(0), x.dim(1), y.ptr<float>(), stream());
+  }
+
+  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) override {
+    check_rows("rms_norm_gated", x, y);
+    check_f32("rms_norm_gated", "z", z, 2);
+    check_shape("rms_norm_gated", "z", z, x.shape);
+    check_f32("rms_norm_gated", "w", w, 1);
+    check_shape("rms_norm_gated", "w", w, {x.dim(1)});
+    enter();
+    launch_rms_norm(x.ptr<float>(), w.ptr<float>(), z.ptr<float>(), eps, x.dim(0), x.dim(1), y.ptr<float>(),
+                    stream());
+  }
+
+  void l2_norm(const Tensor& x, float eps, float scale, Tensor& y) override {
+    check_rows("l2_norm", x, y);
+    enter();
+    launch_l2_norm(x.ptr<float>(), eps, scale, x.dim(0), x.dim(1), y.ptr<float>(), stream());
+  }
+
+  // inv_freq in f32 exactly as HF (and ref / cpu) compute it; the angles on the device.
+  void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
+    check_f32("rope", "x", x, 3);
+    const int64_t T = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), d = params.rotary_dim, half = d / 2;
+    check_i32("rope", "positions", positions, 2);
+    check_shape("rope", "positions", positions, {3, T});
+    QINFER_CHECK(d > 0 && d % 2 == 0 && d <= head_dim, "cuda rope: rotary_dim {} must be even and in (0, head_dim {}]",
+                 d, head_dim);
+    QINFER_CHECK(half <= kRopeMaxHalf, "cuda rope: rotary_dim {} is above the {} this backend supports", d,
+                 2 * kRopeMaxHalf);
+    QINFER_CHECK(params.theta > 0, "cuda rope: theta {} must be positive", params.theta);
+    const auto& section = params.mrope_section;
+    QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
+                 "cuda rope: mrope_section must be empty or 3 non-negative sizes, got {}", shape_str(section));
+    RopeTable table{};
+    for (int64_t i = 0; i < half; ++i) {
+      table.axis[i] = 0;
+      if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) table.axis[i] = 1;
+      if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) table.axis[i] = 2;
+      table.inv_freq[i] =
+          1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
+    }
+    enter();
+    launch_rope(x.ptr<float>(), positions.ptr<int32_t>(), T, heads, head_dim, half, table, stream());
+  }
+
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    check_same("silu_mul", "gate", gate, "up", up);
+    check_same("silu_mul", "gate", gate, "out", out);
+    enter();
+    launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), out.ptr<float>(), gate.numel(), stream());
+  }
+
+  void sigmoid_mul(Tensor& x, const Tensor& gate) override {
+    check_f32("sigmoid_mul", "x", x, x.rank());
+    check_f32("sigmoid_mul", "gate", gate, gate.rank());
+    const bool per_row = x.rank() == 2 && gate.rank() == 2 && gate.dim(1) == 1 && x.dim(1) != 1;
+    check_shape("sigmoid_mul", "gate", gate, per_row ? std::vector<int64_t>{x.dim(0), 1} : x.shape);
+    enter();
+    launch_sigmoid_mul(x.ptr<float>(), gate.ptr<float>(), x.numel(), per_row ? x.dim(1) : 1, stream());
+  }
+
+  void add(Tensor& x, const Tensor& y) override {
+    check_same("add", "x", x, "y", y);
+    enter();
+    launch_add(x.ptr<float>(), y.ptr<float>(), x.numel(), stream());
+  }
+
+  void kv_store(const Tensor& k, const Tensor& v, const AttentionLayout& layout, KvPool& pool) override {
+    check_f32("kv_store", "k", k, 3);
+    check_f32("kv_store", "v", v, 3);
+    check_shape("kv_store", "v", v, k.shape);
+    const int64_t T = k.dim(0), kv_heads = k.dim(1), head_dim = k.dim(2);
+    check_pool("kv_store", pool, layout.block_size, kv_heads, head_dim);
+    check_attention_layout("kv_store", layout, T, pool.k.dim(0), false);
+    enter();
+    const AttentionArrays arrays = upload_attention(layout, 0);
+    launch_kv_store(k.ptr<float>(), v.ptr<float>(), arrays.dst_rows, T, kv_heads * head_dim, pool.k.ptr<float>(),
+                    pool.v.ptr<float>(), stream());
+  }
+
+  void attention(const Tensor& q, const KvPool& pool, const AttentionLayout& layout, float scale,
+                 Tensor& out) override {
+    check_f32("attention", "q", q, 3);
+    const int64_t T = q.dim(0), heads = q.dim(1), head_dim = q.dim(2);
+    check_f32("attention", "out", out, 3);
+    check_shape("attention", "out", out, q.shape);
+    check_distinct("attention", "out", out, "q", q);
+    QINFER_CHECK(pool.k.rank() == 4, "cuda attention: pool.k must be [num_blocks, block_size, kv_heads, head_dim], got {}",
+                 shape_str(pool.k.shape));
+    const int64_t kv_heads = pool.k.dim(2);
+    check_pool("attention", pool, layout.block_size, kv_heads, head_dim);
+    QINFER_CHECK(kv_heads > 0 && heads % kv_heads == 0,
+                 "cuda attention: {} query heads are not a multiple of {} kv heads", heads, kv_heads);
+    check_attention_layout("attention", layout, T, pool.k.dim(0), true);
+    QINFER_CHECK(attention_shared_bytes(head_dim) <= max_shared_,
+                 "cuda attention: head_dim {} needs {} bytes of shared memory, above this GPU's {}", head_dim,
+                 attention_shared_bytes(head_dim), max_shared_);
+    enter();
+    if (T == 0 || heads == 0 || head_dim == 0) return;
+    const int64_t group = heads / kv_heads;
+    const AttentionArrays arrays = upload_attention(layout, group);
+
+    // Few blocks and long keys (decode): divide each tile's keys among several blocks.
+    int64_t max_keys = 0;
+    const auto& cu = layout.seqs.cu_seqlens;
+    for (int64_t s = 0; s < layout.seqs.num_seqs(); ++s)
+      if (cu[s + 1] > cu[s]) max_keys = std::max<int64_t>(max_keys, layout.cached[s] + cu[s + 1] - cu[s]);
+    const int64_t blocks = arrays.num_tiles * kv_heads;
+    int64_t splits = 1;
+    if (blocks < 2 * sm_count_ && max_keys > 256) {
+      splits = std::min<int64_t>({(2 * sm_count_ + blocks - 1) / blocks, (max_keys + 255) / 256, 64});
+      while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
+    }
+    Scratch partial(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0, stream());
+    launch_attention(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, T, heads, kv_heads, head_dim,
+                     scale, static_cast<int>(splits), partial.as<float>(), out.ptr<float>(), stream());
+  }
+
+  void moe_route(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) override {
+    check_f32("moe_route", "logits", logits, 2);
+    const int64_t T = logits.dim(0), E = logits.dim(1);
+    check_i32("moe_route", "ids", ids, 2);
+    QINFER_CHECK(ids.dim(0) == T, "cuda moe_route: ids must be i32 [{}, k], got {}", T, shape_str(ids.shape));
+    const int64_t k = ids.dim(1);
+    check_f32("moe_route", "weights", weights, 2);
+    check_shape("moe_route", "weights", weights, {T, k});
+    QINFER_CHECK(k >= 1 && k <= E, "cuda moe_route: top-k {} must be in [1, {} experts]", k, E);
+    QINFER_CHECK((E + 2 * k) * 4 <= static_cast<int64_t>(max_shared_),
+                 "cuda moe_route: {} experts do not fit the router kernel's shared memory", E);
+    enter();
+    launch_moe_route(logits.ptr<float>(), T, E, k, renormalize, ids.ptr<int32_t>(), weights.ptr<float>(), stream());
+  }
+
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Weight& gate, const Weight& up,
+                   const Weight& down, Tensor& out) override {
+    check_f32("moe_experts", "x", x, 2);
+    const int64_t T = x.dim(0), H = x.dim(1);
+    check_i32("moe_experts", "ids", ids, 2);
+    QINFER_CHECK(ids.dim(0) == T, "cuda moe_experts: ids must be i32 [{}, k], got {}", T, shape_str(ids.shape));
+    const int64_t k = ids.dim(1);
+    check_f32("moe_experts", "weights", weights, 2);
+    check_shape("moe_experts", "weights", weights, {T, k});
+    const WeightView g = view("moe_experts", "gate", gate, 3);
+    const std::vector<int64_t> gate_shape = gate.shape();
+    const int64_t E = gate_shape[0], I = gate_shape[1];
+    QINFER_CHECK(gate_shape[2] == H, "cuda moe_experts: gate {} does not take inputs of width {}",
+                 shape_str(gate_shape), H);
+    const WeightView u = view("moe_experts", "up", up, 3);
+    QINFER_CHECK(up.shape() == gate_shape, "cuda moe_experts: up must be {}, got {}", shape_str(gate_shape),
+                 shape_str(up.shape()));
+    const WeightView d = view("moe_experts", "down", down, 3);
+    QINFER_CHECK(down.shape() == std::vector<int64_t>({E, H, I}), "cuda moe_experts: down must be [{}, {}, {}], got {}",
+                 E, H, I, shape_str(down.shape()));
+    check_f32("moe_experts", "out", out, 2);
+    check_shape("moe_experts", "out", out, {T, H});
+    check_distinct("moe_experts", "out", out, "x", x);
+    enter();
+    Scratch act(static_cast<size_t>(T * k * I) * sizeof(float), stream());
+    launch_moe_experts(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
+                       act.as<float>(), out.ptr<float>(), status_, stream());
+  }
+
+  void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g,
+                 Tensor& beta) override {
+    check_f32("gdn_gates", "a", a, 2);
+    const int64_t T = a.dim(0), Hv = a.dim(1);
+    for (const auto& [arg, t] : {std::pair<const char*, const Tensor*>{"b", &b}, {"g", &g}, {"beta", &beta}}) {
+      check_f32("gdn_gates", arg, *t, 2);
+      check_shape("gdn_gates", arg, *t, a.shape);
+    }
+    check_f32("gdn_gates", "A_log", A_log, 1);
+    check_shape("gdn_gates", "A_log", A_log, {Hv});
+    check_f32("gdn_gates", "dt_bias", dt_bias, 1);
+    check_shape("gdn_gates", "dt_bias", dt_bias, {Hv});
+    enter();
+    launch_gdn_gates(a.ptr<float>(), b.ptr<float>(), A_log.ptr<float>(), dt_bias.ptr<float>(), T, Hv, g.ptr<float>(),
+                     beta.ptr<float>(), stream());
+  }
+
+  void conv1d_causal(const Tensor& x, const Tensor& w, const SeqLayout& layout, Tensor& conv_state,
+                     Tensor& out) override {
+    check_f32("conv1d_causal", "x", x, 2);
+    const int64_t T = x.dim(0), C = x.dim(1);
+    check_f32("conv1d_causal", "w", w, 2);
+    QINFER_CHECK(w.dim(0) == C && w.dim(1) >= 1, "cuda conv1d_causal: w must be [{}, K ≥ 1], got {}", C,
+                 shape_str(w.shape));
+    const int64_t K = w.dim(1);
+    check_f32("conv1d_causal", "conv_state", conv_state, 3);
+    check_shape("conv1d_causal", "conv_state", conv_state, {conv_state.dim(0), K - 1, C});
+    check_f32("conv1d_causal", "out", out, 2);
+    check_shape("conv1d_causal", "out", out, {T, C});
+    check_distinct("conv1d_causal", "out", out, "x", x);
+    check_layout("conv1d_causal", layout, T, conv_state.dim(0));
+    enter();
+    const SeqArrays arrays = upload_seqs(conv_layout_, layout, nullptr, nullptr);
+    launch_conv1d_causal(x.ptr<float>(), w.ptr<float>(), arrays, T, C, K, conv_state.ptr<float>(), out.ptr<float>(),
+                         stream());
+  }
+
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const SeqLayout& layout, Tensor& state, Tensor& out, GdnAlgorithm algorithm) override {
+    constexpr std::string_view op = "gated_delta_rule";
+    check_f32(op, "q", q, 3);
+    const int64_t T = q.dim(0), Hk = q.dim(1), Dk = q.dim(2);
+    check_f32(op, "k", k, 3);
+    check_shape(op, "k", k, q.shape);
+    check_f32(op, "v", v, 3);
+    QINFER_CHECK(v.dim(0) == T, "cuda {}: v must have {} tokens, got {}", op, T, shape_str(v.shape));
+    const int64_t Hv = v.dim(1), Dv = v.dim(2);
+    QINFER_CHECK(Hk > 0 && Hv % Hk == 0, "cuda {}: {} value heads are not a multiple of {} key heads", op, Hv, Hk);
+    QINFER_CHECK(Dk <= kDeltaMaxDk, "cuda {}: key head dim {} is above the {} this backend supports", op, Dk,
+                 kDeltaMaxDk);
+    for (const auto& [arg, t] : {std::pair<const char*, const Tensor*>{"g", &g}, {"beta", &beta}}) {
+      check_f32(op, arg, *t, 2);
+      check_shape(op, arg, *t, {T, Hv});
+    }
+    check_f32(op, "state", state, 4);
+    check_shape(op, "state", state, {state.dim(0), Hv, Dv, Dk});
+    check_f32(op, "out", out, 3);
+    check_shape(op, "out", out, {T, Hv, Dv});
+    check_distinct(op, "out", out, "q", q);
+    check_distinct(op, "out", out, "k", k);
+    check_distinct(op, "out", out, "v", v);
+    check_layout(op, layout, T, state.dim(0));
+    enter();
+
+    // Which sequences take the chunked form: forced, or chosen for long sequences (as ref does)
+    // when the kernel holds these head dims.
+    const bool chunk_fits = delta_chunked_shared_bytes(Dk, Dv) <= max_shared_;
+    QINFER_CHECK(algorithm != GdnAlgorithm::chunked || chunk_fits,
+                 "cuda {}: the chunked kernel needs {} bytes of shared memory for Dk {}, above this GPU's {}", op,
+                 delta_chunked_shared_bytes(Dk, Dv), Dk, max_shared_);
+    recurrent_seqs_.clear();
+    chunked_seqs_.clear();
+    const auto& cu = layout.cu_seqlens;
+    for (int64_t s = 0; s < layout.num_seqs(); ++s) {
+      const int64_t len = cu[s + 1] - cu[s];
+      if (len == 0) continue;
+      const bool chunked = algorithm == GdnAlgorithm::chunked ||
+                           (algorithm == GdnAlgorithm::automatic && chunk_fits && len > kDeltaChunk);
+      (chunked ? chunked_seqs_ : recurrent_seqs_).push_back(static_cast<int32_t>(s));
+    }
+    const SeqArrays arrays = upload_seqs(delta_layout_, layout, &recurrent_seqs_, &chunked_seqs_);
+    const int32_t* recurrent_list = arrays.token_seq + T;
+    const int32_t* chunked_list = recurrent_list + recurrent_seqs_.size();
+    launch_delta_rule_recurrent(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
+                                arrays, recurrent_list, static_cast<int64_t>(recurrent_seqs_.size()), Hk, Hv, Dk, Dv,
+                                state.ptr<float>(), out.ptr<float>(), stream());
+    launch_delta_rule_chunked(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
+                              arrays, chunked_list, static_cast<int64_t>(chunked_seqs_.size()), Hk, Hv, Dk, Dv,
+                              state.ptr<float>(), out.ptr<float>(), stream());
+  }
+
+  // Greedy rows without penalties are picked on the device (one id per row comes back); any other
+  // setting copies the logits to the host and runs sampling.h's definition there.
+  void sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+              const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
+              std::vector<int32_t>& out) override {
+    if (logits.device == Device::cpu) return sample_rows(logits, params, history, step, out);
+    check_f32("sample", "logits", logits, 2);
+    const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+    QINFER_CHECK(vocab > 0, "sample: logits have an empty vocabulary");
+    QINFER_CHECK(static_cast<int64_t>(params.size()) == rows && static_cast<int64_t>(history.size()) == rows &&
+                     static_cast<int64_t>(step.size()) == rows,
+                 "sample: {} logit rows but {} params, {} histories and {} steps", rows, params.size(),
+                 history.size(), step.size());
+    enter();
+    const bool greedy = std::all_of(params.begin(), params.end(), [](const SamplingParams& p) {
+      return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+             p.frequency_penalty == 0.0f;
+    });
+    if (greedy) {
+      out.resize(rows);
+      Scratch ids(static_cast<size_t>(rows) * sizeof(int32_t), stream());
+      launch_argmax_rows(logits.ptr<float>(), rows, vocab, ids.as<int32_t>(), stream());
+      if (rows > 0)
+        QINFER_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids.as<int32_t>(), static_cast<size_t>(rows) * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream()));
+      synchronize();
+      return;
+    }
+    Tensor host = host_tensor(DType::f32, logits.shape);
+    copy(logits, host);
+    sample_rows(host, params, history, step, out);
+  }
+
+ private:
+  // Every op runs with this Ops' device current (the caller's thread may have another one).
+  void enter() const { QINFER_CUDA_CHECK(cudaSetDevice(stream_->device)); }
+
+  // Waits for the stream, then throws if a kernel reported a bad index.
+  void synchronize() {
+    DeviceStatus status;
+    QINFER_CUDA_CHECK(cudaMemcpyAsync(&status, status_, sizeof status, cudaMemcpyDeviceToHost, stream()));
+    QINFER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    if (status.code == kStatusOk) return;
+    QINFER_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream()));
+    if (status.code == kStatusEmbeddingId)
+      fail("cuda embedding: ids[{}] = {} is outside the table's {} rows", status.index, status.value, status.limit);
+    if (status.code == kStatusExpertId)
+      fail("cuda moe_experts: ids (flat index {}) = {} is outside the {} experts", status.index, status.value,
+           status.limit);
+    fail("cuda: a kernel reported error code {}", status.code);
+  }
+
+  void check_rows(std::string_view op, const Tensor& x, const Tensor& y) {
+    check_f32(op, "x", x, 2);
+    check_f32(op, "y", y, 2);
+    check_shape(op, "y", y, x.shape);
+  }
+
+  void check_same(std::string_view op, std::string_view a_name, const Tensor& a, std::string_view b_name,
+                  const Tensor& b) {
+    check_f32(op, a_name, a, a.rank());
+    check_f32(op, b_name, b, b.rank());
+    check_shape(op, b_name, b, a.shape);
+  }
+
+  void check_pool(std::string_view op, const KvPool& pool, int32_t block_size, int64_t kv_heads, int64_t head_dim) {
+    check_f32(op, "pool.k", pool.k, 4);
+    check_f32(op, "pool.v", pool.v, 4);
+    check_shape(op, "pool.k", pool.k, {pool.k.dim(0), block_size, kv_heads, head_dim});
+    check_shape(op, "pool.v", pool.v, pool.k.shape);
+  }
+
+  // The kernels' view of a weight, after checking it like ref does: dense f32|bf16|f16 of `rank`, or
+  // a quantized layout MLX writes with codes, scales (and affine biases) of matching shapes.
+  WeightView view(std::string_view op, std::string_view arg, const Weight& weight, int rank) const {
+    WeightView w;
+    if (!weight.quantized()) {
+      const Tensor& t = weight.dense;
+      check_tensor(op, arg, t, rank);
+      QINFER_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16,
+                   "cuda {}: {} must be f32, bf16 or f16, got {}", op, arg, qinfer::name(t.dtype));
+      w.dtype = t.dtype;
+      w.data = t.data;
+      w.in = t.shape.back();
+      w.rows = weight.rows();
+      return w;
+    }
+    quant::validate(weight.layout);
+    const quant::Layout& layout = weight.layout;
+    const std::string codes_arg = std::string(arg) + ".codes";
+    check_tensor(op, codes_arg, weight.codes, rank);
+    QINFER_CHECK(weight.codes.dtype == DType::u32, "cuda {}: {} must be u32, got {}", op, codes_arg,
+                 qinfer::name(weight.codes.dtype));
+    const std::vector<int64_t> logical = weight.shape();
+    const int64_t in = logical.back();
+    QINFER_CHECK(in % layout.group_size == 0 && (in * layout.bits) % 32 == 0 &&
+                     weight.codes.shape.back() * 32 == in * layout.bits,
+                 "cuda {}: {} codes {} do not hold whole groups of {} {}-bit values", op, arg,
+                 shape_str(weight.codes.shape), layout.group_size, layout.bits);
+    std::vector<int64_t> grouped = logical;
+    grouped.back() /= layout.group_size;
+    const bool affine = layout.mode == quant::Mode::affine;
+    const std::string scales_arg = std::string(arg) + ".scales";
+    check_tensor(op, scales_arg, weight.scales, rank);
+    check_shape(op, scales_arg, weight.scales, grouped);
+    if (affine) {
+      QINFER_CHECK(weight.scales.dtype == DType::f32 || weight.scales.dtype == DType::bf16 ||
+                       weight.scales.dtype == DType::f16,
+                   "cuda {}: {} must be f32, bf16 or f16, got {}", op, scales_arg, qinfer::name(weight.scales.dtype));
+      const std::string biases_arg = std::string(arg) + ".biases";
+      check_tensor(op, biases_arg, weight.biases, rank);
+      check_shape(op, biases_arg, weight.biases, grouped);
+      QINFER_CHECK(weight.biases.dtype == weight.scales.dtype, "cuda {}: {} must be {} like the scales, got {}", op,
+                   biases_arg, qinfer::name(weight.scales.dtype), qinfer::name(weight.biases.dtype));
+    } else {
+      QINFER_CHECK(weight.scales.dtype == DType::u8, "cuda {}: {} must be u8 codes, got {}", op, scales_arg,
+                   qinfer::name(weight.scales.dtype));
+    }
+    w.quantized = true;
+    w.data = weight.codes.data;
+    w.scales = weight.scales.data;
+    w.biases = affine ? weight.biases.data : nullptr;
+    w.scale_dtype = weight.scales.dtype;
+    w.mode = layout.mode;
+    w.bits = layout.bits;
+    w.group_size = layout.group_size;
+    while ((1 << w.group_shift) < layout.group_size) ++w.group_shift;
+    w.in = in;
+    w.rows = weight.rows();
+    w.row_words = weight.codes.shape.back();
+    w.scale_factor = layout.mode == quant::Mode::nvfp4 && weight.global_scale > 0
+                         ? weight.global_scale / (448.0f * 6.0f)
+                         : 1.0f;
+    return w;
+  }
+
+  // y = x · wᵀ for more tokens than the GEMV takes: cuBLAS fp32 GEMM, on the weight itself when it
+  // is f32, else on passes of dequantized rows (bit-exact with Weight::row_f32).
+  void gemm(const float* x, int64_t T, const WeightView& w, float* y) {
+    const int64_t out = w.rows, in = w.in;
+    constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+    QINFER_CHECK(T <= kIntMax && out <= kIntMax && in <= kIntMax, "cuda linear: [{}, {}] x [{}, {}] is too large for cuBLAS",
+                 T, in, out, in);
+    const float one = 1.0f, zero = 0.0f;
+    // Column-major view: y (out × T, ld out) = W (in × out)ᵀ · x (in × T).
+    auto sgemm = [&](const float* rows, int64_t row0, int64_t n) {
+      check_cublas(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(T),
+                               static_cast<int>(in), &one, rows, static_cast<int>(in), x, static_cast<int>(in), &zero,
+                               y + row0, static_cast<int>(out)),
+                   "cublasSgemm");
+    };
+    if (!w.quantized && w.dtype == DType::f32) return sgemm(static_cast<const float*>(w.data), 0, out);
+    const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchFloats) / in, 1, out);
+    Scratch rows(static_cast<size_t>(chunk * in) * sizeof(float), stream());
+    for (int64_t row0 = 0; row0 < out; row0 += chunk) {
+      const int64_t n = std::min(chunk, out - row0);
+      launch_dequantize_rows(w, row0, n, rows.as<float>(), stream());
+      sgemm(rows.as<float>(), row0, n);
+    }
+  }
+
+  // The layout of an attention batch on the device: [cu_seqlens | cached | block_table | dst_rows],
+  // and with group > 0 the query tiles for that GQA group size.
+  AttentionArrays upload_attention(const AttentionLayout& layout, int64_t group) {
+    const int64_t S = layout.seqs.num_seqs();
+    const auto& cu = layout.seqs.cu_seqlens;
+    blob_.clear();
+    blob_.insert(blob_.end(), cu.begin(), cu.end());
+    blob_.insert(blob_.end(), layout.cached.begin(), layout.cached.end());
+    blob_.insert(blob_.end(), layout.block_table.begin(), layout.block_table.end());
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
+        const int64_t position = layout.cached[s] + (t - cu[s]);
+        const int64_t block = layout.block_table[s * layout.max_blocks + position / layout.block_size];
+        blob_.push_back(static_cast<int32_t>(block * layout.block_size + position % layout.block_size));
+      }
+    }
+    const int32_t* base = attention_layout_.get(blob_, stream());
+    AttentionArrays arrays;
+    arrays.cu_seqlens = base;
+    arrays.cached = base + (S + 1);
+    arrays.block_table = arrays.cached + S;
+    arrays.dst_rows = arrays.block_table + S * layout.max_blocks;
+    arrays.max_blocks = layout.max_blocks;
+    arrays.block_size = layout.block_size;
+    if (group > 0) {
+      tiles_.clear();
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t rows = (cu[s + 1] - cu[s]) * group;
+        for (int64_t r0 = 0; r0 < rows; r0 += kAttentionTileRows) {
+          tiles_.push_back(static_cast<int32_t>(s));
+          tiles_.push_back(static_cast<int32_t>(r0));
+        }
+      }
+      QINFER_CHECK(tiles_.size() / 2 <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+                   "cuda attention: the batch has too many query tiles");
+      arrays.tiles = attention_tiles_.get(tiles_, stream());
+      arrays.num_tiles = static_cast<int64_t>(tiles_.size() / 2);
+    }
+    return arrays;
+  }
+
+  // The sequence layout on the device: [cu_seqlens | state_slot | token_seq | lists...].
+  SeqArrays upload_seqs(IndexUpload& cache, const SeqLayout& layout, const std::vector<int32_t>* list_a,
+                        const std::vector<int32_t>* list_b) {
+    const int64_t S = layout.num_seqs();
+    const auto& cu = layout.cu_seqlens;
+    blob_.clear();
+    blob_.insert(blob_.end(), cu.begin(), cu.end());
+    blob_.insert(blob_.end(), layout.state_slot.begin(), layout.state_slot.end());
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t t = cu[s]; t < cu[s + 1]; ++t) blob_.push_back(static_cast<int32_t>(s));
+    for (const auto* list : {list_a, list_b})
+      if (list) blob_.insert(blob_.end(), list->begin(), list->end());
+    const int32_t* base = cache.get(blob_, stream());
+    SeqArrays arrays;
+    arrays.cu_seqlens = base;
+    arrays.state_slot = base + (S + 1);
+    arrays.token_seq = arrays.state_slot + S;
+    arrays.num_seqs = S;
+    return arrays;
+  }
+
+  std::shared_ptr<Stream> stream_;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceStatus* status_ = nullptr;
+  int sm_count_ = 0;
+  size_t max_shared_ = 0;
+  IndexUpload attention_layout_, attention_tiles_, conv_layout_, delta_layout_;
+  std::vector<int32_t> blob_, tiles_, recurrent_seqs_, chunked_seqs_;
+};
+
+CudaOps& cuda_ops(Ops& ops, std::string_view what) {
+  auto* cuda = dynamic_cast<CudaOps*>(&ops);
+  QINFER_CHECK(cuda != nullptr, "{}: needs the cuda backend, got {}", what, ops.name());
+  return *cuda;
+}
+
+}  // namespace
+
+Tensor to_device(Ops& ops, const Tensor& host) {
+  CudaOps& cuda = cuda_ops(ops, "cuda::to_device");
+  QINFER_CHECK(host.device == Device::cpu, "cuda::to_device: the tensor is already on the device");
+  Tensor t = cuda.alloc(host.dtype, host.shape);
+  cuda.copy(host, t);
+  return t;
+}
+
+Tensor to_host(const Tensor& device) {
+  QINFER_CHECK(device.device == Device::cuda, "cuda::to_host: the tensor is in host memory already");
+  Tensor t = host_tensor(device.dtype, device.shape);
+  if (t.nbytes() > 0) QINFER_CUDA_CHECK(cudaMemcpy(t.data, device.data, t.nbytes(), cudaMemcpyDeviceToHost));
+  return t;
+}
+
+void copy(Ops& ops, const Tensor& src, Tensor& dst) { cuda_ops(ops, "cuda::copy").copy(src, dst); }
+
+void copy_columns(Ops& ops, const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
+  cuda_ops(ops, "cuda::copy_columns").copy_columns(src, src_col, dst, dst_col, width);
+}
+
+}  // namespace qinfer::cuda
+
+namespace qinfer {
+
+std::unique_ptr<Ops> make_cuda_ops(int device) { return std::make_unique<cuda::CudaOps>(device); }
+
+}  // namespace qinfer

@@ -1,0 +1,30 @@
+#pragma once
+// The cuda backend (backend/ops.h) on one GPU, and moving tensors between host memory and it.
+#include <cstdint>
+#include <memory>
+
+#include "backend/ops.h"
+
+namespace qinfer {
+
+// The cuda backend on `device`: tensors live in device memory (a stream-ordered pool; alloc
+// zero-fills), every op is enqueued on one stream owned by the Ops, and the host waits only where it
+// reads results (sample, copies into host memory). Throws when there is no such device.
+std::unique_ptr<Ops> make_cuda_ops(int device = 0);
+
+}  // namespace qinfer
+
+namespace qinfer::cuda {
+
+// A new tensor of `ops` (a cuda Ops) holding a copy of host tensor `host`.
+Tensor to_device(Ops& ops, const Tensor& host);
+// A new host tensor holding a copy of device tensor `device`. Waits for the work queued before it
+// (the Ops' stream is a blocking stream, so the synchronous copy orders after it).
+Tensor to_host(const Tensor& device);
+// src → dst (same dtype and element count), each in host memory or on `ops`' device; returns with a
+// host destination filled. Throws if a kernel reported a bad index since the last check.
+void copy(Ops& ops, const Tensor& src, Tensor& dst);
+// qinfer::copy_columns (backend/tensor.h) for tensors on `ops`' device.
+void copy_columns(Ops& ops, const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
+
+}  // namespace qinfer::cuda

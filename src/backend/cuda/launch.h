@@ -1,0 +1,139 @@
+#pragma once
+// The narrow host launchers of the cuda backend's kernels, one group per .cu file. Plain C++ (no
+// device code, no fmt) so that cuda_ops.cpp, which checks every argument, can call them. Launchers
+// take device pointers and sizes the caller has validated; they enqueue on `stream` and return.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "quant/quant.h"
+
+namespace qinfer::cuda {
+
+// Where kernels report a bad index they found in device data (a token id, an expert id); the Ops
+// reads it at its next host synchronization and throws. The first report wins.
+struct DeviceStatus {
+  int32_t code = 0;  // StatusCode
+  int32_t index = 0, value = 0, limit = 0;
+};
+enum StatusCode : int32_t { kStatusOk = 0, kStatusEmbeddingId = 1, kStatusExpertId = 2 };
+
+// A weight matrix [rows, in] as the kernels read it: dense f32|bf16|f16 rows, or MLX-quantized codes
+// (u32 [rows, row_words]) with per-group scales [rows, in / group_size] (and affine biases).
+struct WeightView {
+  bool quantized = false;
+  DType dtype = DType::f32;  // dense element type
+  const void* data = nullptr;  // the dense matrix, or the codes
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  DType scale_dtype = DType::f32;  // affine: f32|bf16|f16; fp modes: u8 codes
+  quant::Mode mode = quant::Mode::affine;
+  int bits = 0, group_size = 0, group_shift = 0;  // group_size = 1 << group_shift
+  int64_t rows = 0, in = 0, row_words = 0;
+  float scale_factor = 1.0f;  // nvfp4: global_scale / (448·6) when a global scale is stored, else 1
+};
+
+// --- linear.cu ---------------------------------------------------------------------------------
+// Token counts up to this go through the fused GEMV kernels; more through dequantize + GEMM.
+constexpr int64_t kGemvMaxTokens = 8;
+// y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens: one warp per weight row, f32 accumulation.
+void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream);
+// out[r, :] = w row (row0 + r) as f32, for r < rows; bit-exact with Weight::row_f32.
+void launch_dequantize_rows(const WeightView& w, int64_t row0, int64_t rows, float* out, cudaStream_t stream);
+// out[t, :] = table row ids[t]; a bad id writes zeros and reports kStatusEmbeddingId.
+void launch_embedding(const int32_t* ids, int64_t T, const WeightView& table, float* out, DeviceStatus* status,
+                      cudaStream_t stream);
+
+// --- norm.cu -----------------------------------------------------------------------------------
+// y = x / sqrt(mean(x²) + eps) · w [· silu(z) when z is given]; rows of D, y may alias x.
+void launch_rms_norm(const float* x, const float* w, const float* z, float eps, int64_t N, int64_t D, float* y,
+                     cudaStream_t stream);
+// y = scale · x / sqrt(Σx² + eps); y may alias x.
+void launch_l2_norm(const float* x, float eps, float scale, int64_t N, int64_t D, float* y, cudaStream_t stream);
+
+// --- elementwise.cu ----------------------------------------------------------------------------
+void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// x[i] *= sigmoid(gate[i / width]) (width 1: elementwise; width D: one gate per row).
+void launch_sigmoid_mul(float* x, const float* gate, int64_t n, int64_t width, cudaStream_t stream);
+void launch_add(float* x, const float* y, int64_t n, cudaStream_t stream);
+void launch_gdn_gates(const float* a, const float* b, const float* A_log, const float* dt_bias, int64_t T, int64_t Hv,
+                      float* g, float* beta, cudaStream_t stream);
+// Rows of `width` bytes from src (row pitch src_pitch) to dst (dst_pitch): copy_columns on the device.
+void launch_copy_2d(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t width, int64_t rows,
+                    cudaStream_t stream);
+
+// --- rope.cu -----------------------------------------------------------------------------------
+constexpr int kRopeMaxHalf = 256;
+// Per-frequency constants computed on the host with HF's f32 arithmetic, passed by value.
+struct RopeTable {
+  float inv_freq[kRopeMaxHalf];
+  int8_t axis[kRopeMaxHalf];  // position row (0 t, 1 h, 2 w) of each frequency
+};
+void launch_rope(float* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, int64_t half,
+                 const RopeTable& table, cudaStream_t stream);
+
+// --- attention.cu ------------------------------------------------------------------------------
+// Batch layout arrays on the device, built on the host from an AttentionLayout.
+struct AttentionArrays {
+  const int32_t* cu_seqlens = nullptr;   // [S+1]
+  const int32_t* cached = nullptr;       // [S]
+  const int32_t* block_table = nullptr;  // [S, max_blocks]
+  const int32_t* dst_rows = nullptr;     // [T]: pool row (block · block_size + offset) of each token's key
+  const int32_t* tiles = nullptr;        // [num_tiles, 2]: (sequence, first query row) of each query tile
+  int64_t num_tiles = 0;
+  int32_t max_blocks = 0, block_size = 0;
+};
+// Query rows per tile of the attention kernel: the rows of one sequence and kv head are its tokens ×
+// the query heads of the group, (token, head) in that order.
+constexpr int kAttentionTileRows = 32;
+void launch_kv_store(const float* k, const float* v, const int32_t* dst_rows, int64_t T, int64_t row_floats,
+                     float* pool_k, float* pool_v, cudaStream_t stream);
+// Shared memory the attention kernel needs for head_dim, and the most a block may have.
+size_t attention_shared_bytes(int64_t head_dim);
+size_t attention_max_shared_bytes(int device);
+// Causal paged GQA attention; splits > 1 divides each tile's keys among blocks (flash-decoding) and
+// needs `partial` scratch of attention_partial_floats(...) floats.
+int64_t attention_partial_floats(int64_t splits, int64_t T, int64_t heads, int64_t head_dim);
+void launch_attention(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                      int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int splits,
+                      float* partial, float* out, cudaStream_t stream);
+
+// --- moe.cu ------------------------------------------------------------------------------------
+void launch_moe_route(const float* logits, int64_t T, int64_t E, int64_t k, bool renormalize, int32_t* ids,
+                      float* weights, cudaStream_t stream);
+// act[t·k + j, i] = silu(gate_e(x[t])_i) · up_e(x[t])_i, e = ids[t, j]; then out = Σ_j w · down_e(act).
+// gate / up: views of [E·I, H]; down: [E·H, I]. `act` is scratch of T·k·I floats.
+void launch_moe_experts(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, const int32_t* ids,
+                        const float* weights, const WeightView& gate, const WeightView& up, const WeightView& down,
+                        float* act, float* out, DeviceStatus* status, cudaStream_t stream);
+
+// --- gdn.cu ------------------------------------------------------------------------------------
+struct SeqArrays {
+  const int32_t* cu_seqlens = nullptr;  // [S+1]
+  const int32_t* state_slot = nullptr;  // [S]
+  const int32_t* token_seq = nullptr;   // [T]: the sequence of each token
+  int64_t num_seqs = 0;
+};
+void launch_conv1d_causal(const float* x, const float* w, const SeqArrays& layout, int64_t T, int64_t C, int64_t K,
+                          float* conv_state, float* out, cudaStream_t stream);
+// Largest key head dim the recurrent kernel holds in registers.
+constexpr int64_t kDeltaMaxDk = 256;
+// The token-by-token rule over the sequences listed in `seqs` (device, num_seqs entries).
+void launch_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                 const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t Hk, int64_t Hv,
+                                 int64_t Dk, int64_t Dv, float* state, float* out, cudaStream_t stream);
+// The chunk-64 WY / UT-transform form over the listed sequences: one block per (sequence, value
+// head, 32 state rows) walks the chunks with its state rows in shared memory, which must fit
+// delta_chunked_shared_bytes.
+constexpr int64_t kDeltaChunk = 64;
+size_t delta_chunked_shared_bytes(int64_t Dk, int64_t Dv);
+void launch_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                               const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t Hk, int64_t Hv,
+                               int64_t Dk, int64_t Dv, float* state, float* out, cudaStream_t stream);
+
+// --- sample.cu ---------------------------------------------------------------------------------
+// out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).
+void launch_argmax_rows(const float* logits, int64_t S, int64_t V, int32_t* out, cudaStream_t stream);
+
+}  // namespace qinfer::cuda

@@ -1,0 +1,37 @@
+// What every backend shares: transfers between host memory and a backend's, with the host
+// backends' implementation (a memcpy) as the default.
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/error.h"
+
+namespace qinfer {
+
+void Ops::copy(const Tensor& src, Tensor& dst) {
+  QINFER_CHECK(src.device == Device::cpu && dst.device == Device::cpu, "{} copy: both tensors must be in host memory",
+               name());
+  QINFER_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel(),
+               "{} copy: {} elements of {} cannot be copied into {} elements of {}", name(), src.numel(),
+               qinfer::name(src.dtype), dst.numel(), qinfer::name(dst.dtype));
+  if (src.nbytes() > 0) std::memmove(dst.data, src.data, src.nbytes());
+}
+
+void Ops::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
+  qinfer::copy_columns(src, src_col, dst, dst_col, width);
+}
+
+Tensor to_backend(Ops& ops, const Tensor& host) {
+  if (host.device == ops.device()) return host;
+  Tensor t = ops.alloc(host.dtype, host.shape);
+  ops.copy(host, t);
+  return t;
+}
+
+Tensor to_host(Ops& ops, const Tensor& t) {
+  if (t.device == Device::cpu) return t;
+  Tensor host = host_tensor(t.dtype, t.shape);
+  ops.copy(t, host);
+  return host;
+}
+
+}  // namespace qinfer

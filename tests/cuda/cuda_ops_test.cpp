@@ -1,0 +1,274 @@
+// The cuda backend's own machinery, beyond the op harness's per-op comparisons: device memory and
+// transfers, copy_columns, bad device-side indices surfacing at the next synchronization, greedy
+// picks on the device, layouts that change between calls, and the chunked delta rule on long
+// sequences with several state-row tiles.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "backend/cuda/cuda_ops.h"
+#include "cache/cache.h"
+#include "core/error.h"
+
+namespace qinfer::cuda {
+namespace {
+
+Tensor random_f32(std::mt19937& rng, std::vector<int64_t> shape, float stddev = 1.0f) {
+  Tensor t = host_tensor(DType::f32, std::move(shape));
+  std::normal_distribution<float> dist(0.0f, stddev);
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = dist(rng);
+  return t;
+}
+
+Tensor i32(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+  Tensor t = host_tensor(DType::i32, std::move(shape));
+  std::memcpy(t.data, values.data(), values.size() * sizeof(int32_t));
+  return t;
+}
+
+double rel_rms(const Tensor& got, const Tensor& want) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double g = got.ptr<float>()[i], w = want.ptr<float>()[i];
+    diff += (g - w) * (g - w), norm += w * w;
+  }
+  return std::sqrt(diff / norm);
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data);
+  return {p, p + t.nbytes()};
+}
+
+SeqLayout layout_of(const std::vector<int32_t>& lens, std::vector<int32_t> slots) {
+  SeqLayout layout;
+  layout.cu_seqlens.push_back(0);
+  for (int32_t len : lens) layout.cu_seqlens.push_back(layout.cu_seqlens.back() + len);
+  layout.state_slot = std::move(slots);
+  return layout;
+}
+
+TEST(CudaOps, AllocZeroFillsAndTransfersRoundTrip) {
+  auto ops = make_cuda_ops(0);
+  EXPECT_EQ(ops->name(), "cuda");
+  EXPECT_EQ(ops->device(), Device::cuda);
+  Tensor zeros = ops->alloc(DType::f32, {3, 5});
+  EXPECT_EQ(zeros.device, Device::cuda);
+  const Tensor back = to_host(zeros);
+  for (int64_t i = 0; i < back.numel(); ++i) EXPECT_EQ(back.ptr<float>()[i], 0.0f);
+  EXPECT_EQ(ops->alloc(DType::f32, {0, 7}).numel(), 0);
+
+  Tensor odd = host_tensor(DType::bf16, {7});
+  for (int i = 0; i < 7; ++i) odd.ptr<uint16_t>()[i] = static_cast<uint16_t>(0x3F80 + 17 * i);
+  EXPECT_EQ(bytes_of(to_host(to_device(*ops, odd))), bytes_of(odd));
+  const Tensor ids = i32({2, 3}, {5, -1, 7, 0, 3, 2147483647});
+  const Tensor ids_back = to_host(to_device(*ops, ids));
+  EXPECT_EQ(ids_back.shape, ids.shape);
+  EXPECT_EQ(ids_back.dtype, DType::i32);
+  EXPECT_EQ(bytes_of(ids_back), bytes_of(ids));
+  EXPECT_THROW(make_cuda_ops(1 << 20), Error);
+}
+
+TEST(CudaOps, CopyMovesRowViewsInEveryDirection) {
+  auto ops = make_cuda_ops(0);
+  std::mt19937 rng(1);
+  const Tensor host = random_f32(rng, {4, 6});
+  Tensor device = to_device(*ops, host);
+  // Host row into a device row view, device rows into host memory, device to device.
+  const Tensor row = random_f32(rng, {1, 6});
+  Tensor device_row = device.rows(2, 3);
+  copy(*ops, row, device_row);
+  Tensor two = host_tensor(DType::f32, {2, 6});
+  copy(*ops, device.rows(1, 3), two);
+  EXPECT_EQ(std::memcmp(two.ptr<float>(), host.ptr<float>() + 6, 6 * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(two.ptr<float>() + 6, row.ptr<float>(), 6 * sizeof(float)), 0);
+  Tensor copied = ops->alloc(DType::f32, {24});
+  copy(*ops, device.reshape({24}), copied);
+  const Tensor all = to_host(copied);
+  EXPECT_EQ(std::memcmp(all.ptr<float>() + 12, row.ptr<float>(), 6 * sizeof(float)), 0);
+  Tensor wrong = ops->alloc(DType::f32, {5});
+  EXPECT_THROW(copy(*ops, device, wrong), Error);
+}
+
+TEST(CudaOps, CopyColumnsMatchesTheHostCopy) {
+  auto ops = make_cuda_ops(0);
+  std::mt19937 rng(2);
+  const Tensor src = random_f32(rng, {5, 9});
+  Tensor want = random_f32(rng, {5, 4});
+  Tensor dst = to_device(*ops, want);
+  copy_columns(src, 3, want, 1, 3);
+  copy_columns(*ops, to_device(*ops, src), 3, dst, 1, 3);
+  EXPECT_EQ(bytes_of(to_host(dst)), bytes_of(want));
+  Tensor too_narrow = ops->alloc(DType::f32, {5, 2});
+  EXPECT_THROW(copy_columns(*ops, to_device(*ops, src), 3, too_narrow, 1, 3), Error);
+}
+
+TEST(CudaOps, DeviceOpsRejectHostTensors) {
+  auto ops = make_cuda_ops(0);
+  std::mt19937 rng(3);
+  const Tensor x = random_f32(rng, {2, 8});
+  Tensor w = to_device(*ops, random_f32(rng, {3, 8}));
+  Tensor y = ops->alloc(DType::f32, {2, 3});
+  try {
+    ops->linear(x, w, y);
+    FAIL() << "a host x was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host memory"), std::string::npos) << e.what();
+  }
+}
+
+// Token ids live on the device, so a bad one is found by the kernel and reported at the next
+// synchronization; the report is cleared once thrown.
+TEST(CudaOps, BadDeviceIndicesThrowAtTheNextSynchronization) {
+  auto ops = make_cuda_ops(0);
+  std::mt19937 rng(4);
+  Tensor table = to_device(*ops, random_f32(rng, {4, 8}));
+  Tensor out = ops->alloc(DType::f32, {2, 8});
+  ops->embedding(to_device(*ops, i32({2}, {1, 7})), table, out);
+  Tensor host = host_tensor(DType::f32, {2, 8});
+  try {
+    copy(*ops, out, host);
+    FAIL() << "the bad id was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ids[1] = 7"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(copy(*ops, out, host));
+
+  const int64_t T = 2, H = 8, I = 4, E = 3;
+  Tensor gate = to_device(*ops, random_f32(rng, {E, I, H}));
+  Tensor up = to_device(*ops, random_f32(rng, {E, I, H}));
+  Tensor down = to_device(*ops, random_f32(rng, {E, H, I}));
+  Tensor moe_out = ops->alloc(DType::f32, {T, H});
+  ops->moe_experts(to_device(*ops, random_f32(rng, {T, H})), to_device(*ops, i32({T, 1}, {2, 3})),
+                   to_device(*ops, random_f32(rng, {T, 1})), gate, up, down, moe_out);
+  EXPECT_THROW(copy(*ops, moe_out, host), Error);
+}
+
+// The greedy rule on the device: NaN never wins, ties go to the lowest id, −0 equals +0; other
+// settings take the host path. Both agree with sample_rows.
+TEST(CudaOps, SamplingMatchesTheHostDefinition) {
+  auto ops = make_cuda_ops(0);
+  std::mt19937 rng(5);
+  const int64_t S = 5, V = 3000;
+  Tensor logits = random_f32(rng, {S, V}, 3.0f);
+  float* l = logits.ptr<float>();
+  l[10] = l[20] = 50.0f;                                     // row 0: a tie at the top
+  l[V + 5] = std::numeric_limits<float>::quiet_NaN();        // row 1: NaN never wins
+  l[V + 6] = 40.0f;
+  for (int64_t i = 0; i < V; ++i) l[2 * V + i] = -0.0f;      // row 2: all zeros of both signs
+  l[2 * V + 7] = 0.0f;
+  for (int64_t i = 0; i < V; ++i) l[3 * V + i] = -INFINITY;  // row 3: all −inf
+  const Tensor device = to_device(*ops, logits);
+  std::vector<std::vector<int32_t>> history(S);
+  const std::vector<uint64_t> step = {0, 1, 2, 3, 4};
+  for (const SamplingParams params :
+       {SamplingParams{}, SamplingParams{.temperature = 0.8f, .top_k = 40, .seed = 9},
+        SamplingParams{.repetition_penalty = 1.5f}}) {
+    std::vector<SamplingParams> all(S, params);
+    if (params.repetition_penalty != 1.0f) history[4] = {1, 2, 3};
+    std::vector<int32_t> want, got;
+    sample_rows(logits, all, history, step, want);
+    ops->sample(device, all, history, step, got);
+    EXPECT_EQ(got, want) << "temperature " << params.temperature;
+  }
+}
+
+// The batch layout is uploaded once and reused while it stays the same: a different layout of
+// the same size in the next call must still be seen.
+TEST(CudaOps, AttentionSeesALayoutThatChangedBetweenCalls) {
+  auto ops = make_cuda_ops(0);
+  auto ref = make_ref_ops();
+  std::mt19937 rng(6);
+  const int64_t heads = 4, kv_heads = 2, hd = 32, blocks = 12;
+  const int32_t bs = 4;
+  KvPool pool{random_f32(rng, {blocks, bs, kv_heads, hd}), random_f32(rng, {blocks, bs, kv_heads, hd})};
+  KvPool device_pool{to_device(*ops, pool.k), to_device(*ops, pool.v)};
+  for (const std::vector<int32_t>& table : {std::vector<int32_t>{0, 1, 2, 3, 4, 5}, std::vector<int32_t>{11, 3, 7, 9, 1, 6}}) {
+    AttentionLayout layout;
+    layout.seqs = layout_of({2, 3}, {});
+    layout.cached = {5, 6};
+    layout.block_table = table;
+    layout.max_blocks = 3;
+    layout.block_size = bs;
+    const Tensor q = random_f32(rng, {5, heads, hd});
+    Tensor want = host_tensor(DType::f32, {5, heads, hd});
+    ref->attention(q, pool, layout, 0.2f, want);
+    Tensor got = ops->alloc(DType::f32, {5, heads, hd});
+    ops->attention(to_device(*ops, q), device_pool, layout, 0.2f, got);
+    EXPECT_LE(rel_rms(to_host(got), want), 1e-5);
+  }
+}
+
+// Long sequences through both delta-rule kernels, with 128-wide heads (four tiles of state rows
+// in the chunked kernel) and chunks that end mid-sequence: each agrees with ref's same algorithm.
+TEST(CudaOps, DeltaRuleKernelsAgreeOnLongSequences) {
+  auto ops = make_cuda_ops(0);
+  auto ref = make_ref_ops();
+  std::mt19937 rng(7);
+  const int64_t Hk = 2, Hv = 4, Dk = 128, Dv = 128, slots = 4;
+  const SeqLayout layout = layout_of({200, 65, 1}, {2, 0, 3});
+  const int64_t T = layout.num_tokens();
+  Tensor q = random_f32(rng, {T, Hk, Dk}), k = random_f32(rng, {T, Hk, Dk});
+  for (Tensor* t : {&q, &k}) {
+    for (int64_t row = 0; row < T * Hk; ++row) {
+      float* p = t->ptr<float>() + row * Dk;
+      double norm = 0;
+      for (int64_t i = 0; i < Dk; ++i) norm += double(p[i]) * p[i];
+      const double scale = (t == &q ? 1.0 / std::sqrt(double(Dk)) : 1.0) / std::sqrt(norm);
+      for (int64_t i = 0; i < Dk; ++i) p[i] = static_cast<float>(p[i] * scale);
+    }
+  }
+  const Tensor v = random_f32(rng, {T, Hv, Dv});
+  Tensor g = host_tensor(DType::f32, {T, Hv}), beta = host_tensor(DType::f32, {T, Hv});
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int64_t i = 0; i < T * Hv; ++i) g.ptr<float>()[i] = -3.0f * unit(rng) * unit(rng), beta.ptr<float>()[i] = unit(rng);
+  const Tensor state0 = random_f32(rng, {slots, Hv, Dv, Dk}, 0.2f);
+  for (GdnAlgorithm algorithm : {GdnAlgorithm::recurrent, GdnAlgorithm::chunked, GdnAlgorithm::automatic}) {
+    Tensor want_state = host_tensor(DType::f32, state0.shape);
+    std::memcpy(want_state.data, state0.data, state0.nbytes());
+    Tensor want = host_tensor(DType::f32, {T, Hv, Dv});
+    ref->gated_delta_rule(q, k, v, g, beta, layout, want_state, want, algorithm);
+    Tensor state = to_device(*ops, state0);
+    Tensor out = ops->alloc(DType::f32, {T, Hv, Dv});
+    ops->gated_delta_rule(to_device(*ops, q), to_device(*ops, k), to_device(*ops, v), to_device(*ops, g),
+                          to_device(*ops, beta), layout, state, out, algorithm);
+    EXPECT_LE(rel_rms(to_host(out), want), 1e-5) << static_cast<int>(algorithm);
+    EXPECT_LE(rel_rms(to_host(state), want_state), 1e-5) << static_cast<int>(algorithm);
+  }
+}
+
+// The caches live on the device: a new slot starts from zeros, and a snapshot taken there restores
+// the same values into another slot.
+TEST(CudaOps, CacheSlotsZeroAndSnapshotOnTheDevice) {
+  auto ops = make_cuda_ops(0);
+  std::mt19937 rng(8);
+  CacheShape shape;
+  shape.attention_layers = 1, shape.kv_heads = 1, shape.head_dim = 8;
+  shape.linear_layers = 2, shape.conv_channels = 5, shape.conv_window = 3;
+  shape.value_heads = 2, shape.value_head_dim = 4, shape.key_head_dim = 3;
+  ModelCache cache(*ops, shape, 4, 4, 2);
+  EXPECT_EQ(cache.kv(0).k.device, Device::cuda);
+  const int32_t slot = cache.allocate_slot();
+  Tensor conv_rows = cache.conv_state(1).rows(slot, slot + 1), delta_rows = cache.delta_state(0).rows(slot, slot + 1);
+  const Tensor conv = random_f32(rng, conv_rows.shape), delta = random_f32(rng, delta_rows.shape);
+  copy(*ops, conv, conv_rows);
+  copy(*ops, delta, delta_rows);
+  const ModelCache::StateSnapshot snapshot = cache.snapshot(slot);
+  ASSERT_EQ(snapshot.conv.size(), 2u);
+  EXPECT_EQ(std::memcmp(snapshot.conv[1].data(), conv.data, conv.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(snapshot.delta[0].data(), delta.data, delta.nbytes()), 0);
+  cache.free_slot(slot);
+  const int32_t again = cache.allocate_slot();
+  const Tensor zeroed = to_host(cache.conv_state(1).rows(again, again + 1));
+  for (int64_t i = 0; i < zeroed.numel(); ++i) EXPECT_EQ(zeroed.ptr<float>()[i], 0.0f);
+  const int32_t other = cache.allocate_slot();
+  cache.restore(other, snapshot);
+  EXPECT_EQ(bytes_of(to_host(cache.delta_state(0).rows(other, other + 1))), bytes_of(delta));
+}
+
+}  // namespace
+}  // namespace qinfer::cuda
