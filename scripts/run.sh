@@ -9,4 +9,4 @@ cmake --build build -j"$(nproc)"
 ./build/qinfer run --raw --seed 2 --repetition-penalty 1.1 -n 96 -p 'def is_palindrome(s):
     """Return True if s reads the same forwards and backwards."""
 '
-./build/qinfer run --seed 1 -n 160 -p "Write a function that reverses the words of a sentence."
+./build/qinfer run --seed 1 -n 160 --repetition-penalty 1.1 -p "Write a function that reverses the words of a sentence."
