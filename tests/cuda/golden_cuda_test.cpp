@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda/cuda_ops.h"
-#include "cuda/golden_reference.h"
+#include "support/golden_reference.h"
 #include "models/eval.h"
 
 namespace qinfer::models {

@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "io/json.h"
 #include "models/eval.h"
+#include "support/golden_reference.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -26,56 +27,11 @@ namespace fs = std::filesystem;
 const fs::path kDemo = (fs::path(QINFER_TEST_DATA) / ".." / ".." / "models" / "demo").lexically_normal();
 const fs::path kReference = kDemo / "reference";
 
-struct Reference {
-  io::json doc;
-  std::vector<std::vector<int32_t>> prompts, greedy;
-  std::vector<std::vector<float>> logits, margins;
-  int64_t vocab = 0;
-};
+using golden::compare;
+using golden::Comparison;
+using golden::Reference;
 
-Reference load_reference() {
-  Reference r;
-  r.doc = io::read_json_file(kReference / "reference.json");
-  r.prompts = r.doc["prompts"].get<std::vector<std::vector<int32_t>>>();
-  r.greedy = r.doc["greedy"].get<std::vector<std::vector<int32_t>>>();
-  r.margins = r.doc["greedy_margins"].get<std::vector<std::vector<float>>>();
-  for (size_t k = 0; k < r.prompts.size(); ++k) {
-    const auto shape = r.doc["shape"][k].get<std::vector<int64_t>>();
-    EXPECT_EQ(shape[0], static_cast<int64_t>(r.prompts[k].size())) << "prompt " << k;
-    r.vocab = shape[1];
-    std::vector<float> values(static_cast<size_t>(shape[0] * shape[1]));
-    const fs::path file = kReference / r.doc["logits"][k].get<std::string>();
-    std::ifstream in(file, std::ios::binary);
-    in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
-    EXPECT_TRUE(in.good()) << file;
-    r.logits.push_back(std::move(values));
-  }
-  return r;
-}
-
-struct Comparison {
-  double relative_rms = 0;
-  int argmax_mismatches = 0;  // at rows whose reference top-2 margin is >= 1e-2
-};
-
-Comparison compare(const float* got, const std::vector<float>& want, int64_t vocab) {
-  Comparison c;
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff += (got[i] - want[i]) * double(got[i] - want[i]);
-    norm += want[i] * double(want[i]);
-  }
-  c.relative_rms = std::sqrt(diff / norm);
-  for (size_t row = 0; row < want.size() / vocab; ++row) {
-    const float* w = want.data() + row * vocab;
-    const float* g = got + row * vocab;
-    std::vector<float> top(w, w + vocab);
-    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<>());
-    if (top[0] - top[1] < 1e-2f) continue;
-    c.argmax_mismatches += (std::max_element(w, w + vocab) - w) != (std::max_element(g, g + vocab) - g);
-  }
-  return c;
-}
+Reference load_reference() { return golden::load_reference(kReference); }
 
 class DemoModel : public ::testing::Test {
  protected:
@@ -111,9 +67,10 @@ TEST_F(DemoModel, GreedyTokensMatchUntilTheFirstNearTie) {
   std::unique_ptr<Ops> ops = make_cpu_ops(global_thread_pool());
   Model model(checkpoint, *ops);
   const Reference ref = load_reference();
+  const auto margins = ref.doc["greedy_margins"].get<std::vector<std::vector<float>>>();
   for (size_t k = 0; k < ref.prompts.size(); ++k) {
     size_t clear = 0;
-    while (clear < ref.greedy[k].size() && ref.margins[k][clear] >= 1e-2f) ++clear;
+    while (clear < ref.greedy[k].size() && margins[k][clear] >= 1e-2f) ++clear;
     EXPECT_GE(clear, 1u) << "prompt " << k << ": the first greedy step is a near-tie; pick another prompt";
     const std::vector<int32_t> got = greedy_continuation(model, ref.prompts[k], static_cast<int32_t>(clear));
     const std::vector<int32_t> want(ref.greedy[k].begin(), ref.greedy[k].begin() + static_cast<ptrdiff_t>(clear));

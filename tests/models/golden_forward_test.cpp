@@ -12,58 +12,16 @@
 #include "core/thread_pool.h"
 #include "io/json.h"
 #include "models/eval.h"
+#include "support/golden_reference.h"
 
 namespace qinfer::models {
 namespace {
 
-const std::filesystem::path kGolden = std::filesystem::path(QINFER_TEST_DATA) / "golden";
-
-struct Reference {
-  std::vector<std::vector<int32_t>> prompts, greedy;
-  std::vector<std::vector<float>> logits;
-  int64_t vocab = 0;
-};
-
-Reference load_reference(const std::filesystem::path& dir) {
-  io::json j = io::read_json_file(dir / "reference.json");
-  Reference r;
-  r.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
-  r.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
-  for (size_t k = 0; k < r.prompts.size(); ++k) {
-    const auto shape = j["shape"][k].get<std::vector<int64_t>>();
-    r.vocab = shape[1];
-    std::vector<float> values(static_cast<size_t>(shape[0] * shape[1]));
-    std::ifstream in(dir / j["logits"][k].get<std::string>(), std::ios::binary);
-    in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
-    EXPECT_TRUE(in.good());
-    r.logits.push_back(std::move(values));
-  }
-  return r;
-}
-
-struct Comparison {
-  double relative_rms = 0;
-  int argmax_mismatches = 0;  // at positions with a clear (>= 1e-2) reference margin
-};
-
-Comparison compare(const float* got, const std::vector<float>& want, int64_t vocab) {
-  Comparison c;
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff += (got[i] - want[i]) * double(got[i] - want[i]);
-    norm += want[i] * double(want[i]);
-  }
-  c.relative_rms = std::sqrt(diff / norm);
-  for (size_t row = 0; row < want.size() / vocab; ++row) {
-    const float* w = want.data() + row * vocab;
-    const float* g = got + row * vocab;
-    std::vector<float> sorted(w, w + vocab);
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    if (sorted[0] - sorted[1] < 1e-2f) continue;
-    c.argmax_mismatches += (std::max_element(w, w + vocab) - w) != (std::max_element(g, g + vocab) - g);
-  }
-  return c;
-}
+using golden::compare;
+using golden::Comparison;
+using golden::kGolden;
+using golden::load_reference;
+using golden::Reference;
 
 struct Case {
   std::string fixture;

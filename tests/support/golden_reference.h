@@ -1,7 +1,6 @@
 #pragma once
-// A golden fixture's HF transformers reference (tests/fixtures/golden/README.md) and the logits
-// comparison the golden tests use. The same reading as tests/models/golden_forward_test.cpp, whose
-// copy can move here (or this to tests/support/) so that both include one definition.
+// A transformers reference in the golden layout (tests/fixtures/golden/README.md: reference.json +
+// logits_k.bin; models/demo/reference uses it too) and the logits comparison every golden test uses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,18 +30,21 @@ inline const std::vector<std::string> kFixtures = {
     "qwen3_5_moe_mlx_4bit", "qwen3_mlx_8bit", "qwen3_5_mlx_6bit", "qwen3_5_mlx_3bit", "qwen3_5_mlx_mxfp4"};
 
 struct Reference {
+  io::json doc;  // reference.json itself, for fields only some references carry
   std::vector<std::vector<int32_t>> prompts, greedy;
   std::vector<std::vector<float>> logits;  // [L, V] per prompt
   int64_t vocab = 0;
 };
 
 inline Reference load_reference(const std::filesystem::path& dir) {
-  io::json j = io::read_json_file(dir / "reference.json");
   Reference r;
+  r.doc = io::read_json_file(dir / "reference.json");
+  const io::json& j = r.doc;
   r.prompts = j["prompts"].get<std::vector<std::vector<int32_t>>>();
   r.greedy = j["greedy"].get<std::vector<std::vector<int32_t>>>();
   for (size_t k = 0; k < r.prompts.size(); ++k) {
     const auto shape = j["shape"][k].get<std::vector<int64_t>>();
+    EXPECT_EQ(shape[0], static_cast<int64_t>(r.prompts[k].size())) << dir << " prompt " << k;
     r.vocab = shape[1];
     std::vector<float> values(static_cast<size_t>(shape[0] * shape[1]));
     std::ifstream in(dir / j["logits"][k].get<std::string>(), std::ios::binary);
