@@ -1,10 +1,14 @@
 // `qinfer bench`: prefill and decode speed of a model on a device, with decode's achieved memory
 // bandwidth next to a bandwidth probe measured in the same process.
-//   qinfer bench (--model DIR | --shape qwen3_5-0.8b) [--device cpu] [--prompt 128] [--decode 32]
+//   qinfer bench (--model DIR | --shape NAME [--bits B]) [--device cpu|cuda[:N]] [--batch 1,8,32]
+//                [--prompt 512,8192] [--gen 128] [--context 128] [--json]
+//   qinfer bench --shape NAME --print-config
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -14,9 +18,14 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "io/json.h"
 #include "models/eval.h"
 #include "models/quantize.h"
 #include "models/random_checkpoint.h"
+#ifdef QINFER_HAVE_CUDA
+#include "backend/cuda/bandwidth.h"
+#include "backend/cuda/device.h"
+#endif
 
 namespace qinfer::cli {
 namespace {
@@ -27,29 +36,43 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Bytes one decode step must read: every matrix once (only the routed share of MoE experts, one
-// embedding row), the head, each attention layer's KV so far and each recurrent state (read + write).
-double decode_step_bytes(const models::Checkpoint& ck, int64_t context) {
+// Bytes one decode step of `batch` sequences at `context` cached tokens each must read: every
+// matrix once (of MoE experts, the share a batch is expected to touch), one embedding row per
+// sequence, the head, each attention layer's KV and each recurrent state (read + write).
+double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t context) {
   const io::TextConfig& c = ck.config.text;
+  double expert_share = 1.0;
+  if (c.num_experts > 0) {
+    // Distinct experts of batch × k draws: E·(1 − (1 − k/E)^batch).
+    const double k_over_e = static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_experts);
+    expert_share = 1.0 - std::pow(1.0 - k_over_e, static_cast<double>(batch));
+  }
   double bytes = 0;
   for (const auto& [name, t] : ck.plan.tensors) {
     if (t.group != io::TensorGroup::text) continue;
     double b = static_cast<double>(t.nbytes());
-    if (name == "model.embed_tokens.weight") {
-      bytes += b / static_cast<double>(c.vocab_size);  // one row
-      if (c.tie_word_embeddings) bytes += b;          // ... and the whole table as the head
+    if (name.starts_with("model.embed_tokens.")) {
+      bytes += b * static_cast<double>(batch) / static_cast<double>(c.vocab_size);  // one row each
+      if (c.tie_word_embeddings) bytes += b;  // ... and the whole table as the head
       continue;
     }
-    if (name.find(".mlp.experts.") != std::string::npos)
-      b *= static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_experts);
+    if (name.find(".mlp.experts.") != std::string::npos) b *= expert_share;
     bytes += b;
   }
   for (const io::LayerKind kind : c.layer_types) {
     if (kind == io::LayerKind::full_attention)
-      bytes += 2.0 * static_cast<double>(context * c.num_key_value_heads * c.head_dim * 4);
+      bytes += static_cast<double>(batch) * 2.0 * static_cast<double>(context * c.num_key_value_heads * c.head_dim * 4);
     else
-      bytes += 2.0 * static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim * 4);
+      bytes += static_cast<double>(batch) * 2.0 *
+               static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim * 4);
   }
+  return bytes;
+}
+
+double weight_bytes(const models::Checkpoint& ck) {
+  double bytes = 0;
+  for (const auto& [name, t] : ck.plan.tensors)
+    if (t.group == io::TensorGroup::text) bytes += static_cast<double>(t.nbytes());
   return bytes;
 }
 
@@ -58,31 +81,136 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t count, int64_t vocab) {
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(std::min<int64_t>(vocab, 100000)));
+  return tokens;
+}
+
+struct Probe {
+  double gbs = 0;
+  std::string what, device_name;
+};
+
+// The ceiling decode is measured against, on the bench's device, in the same process.
+Probe bandwidth_probe(const std::string& device) {
+  if (device == "cpu" || device == "ref") {
+    ThreadPool& pool = global_thread_pool();
+    return {measure_read_bandwidth_gbs(pool), fmt::format("multi-threaded read, {} threads", pool.size()),
+            fmt::format("cpu, {} threads", pool.size())};
+  }
+#ifdef QINFER_HAVE_CUDA
+  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+  std::string name = device;
+  for (const cuda::DeviceInfo& info : cuda::list_devices())
+    if (info.index == index) name = info.name;
+  return {cuda::measure_copy_bandwidth_gbs(), "device-to-device copy, read + write", name};
+#else
+  fail("--device {}: this build has no CUDA backend", device);
+#endif
+}
+
+struct PrefillResult {
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
+struct DecodeResult {
+  int64_t batch = 0;
+  double step_s = 0, bytes = 0;
+};
+
+// One forward over a fresh `tokens`-token prompt; the second of two runs (the first warms up
+// kernels, GEMM plans and the memory pool).
+PrefillResult measure_prefill(models::Model& model, int64_t tokens, std::mt19937& rng) {
+  const std::vector<int32_t> prompt = random_tokens(rng, tokens, model.config().vocab_size);
+  double seconds = 0;
+  for (int run = 0; run < 2; ++run) {
+    ModelCache cache = models::make_cache(model, tokens + 1);
+    SequenceCache seq;
+    models::Batch batch;
+    batch.sequences.push_back({prompt, &seq, false});
+    const auto start = Clock::now();
+    const Tensor logits = to_host(model.ops(), model.forward(batch, cache));
+    seconds = seconds_since(start);
+  }
+  return {tokens, seconds};
+}
+
+// `batch` sequences prefilled with `context` tokens, then `gen` greedy steps picked on the device;
+// the median step (forward + sampling + the ids back to the host).
+DecodeResult measure_decode(models::Model& model, const models::Checkpoint& ck, int64_t batch, int64_t context,
+                            int64_t gen, std::mt19937& rng) {
+  ModelCache cache = models::make_cache(model, context + gen + 1, batch);
+  std::vector<SequenceCache> seqs(static_cast<size_t>(batch));
+  models::Batch prefill;
+  for (SequenceCache& seq : seqs)
+    prefill.sequences.push_back({random_tokens(rng, context, model.config().vocab_size), &seq, false});
+  Tensor logits = model.forward(prefill, cache);
+  const std::vector<SamplingParams> params(static_cast<size_t>(batch), SamplingParams{.temperature = 0.0f});
+  const std::vector<std::vector<int32_t>> history(static_cast<size_t>(batch));
+  std::vector<uint64_t> step_index(static_cast<size_t>(batch), 0);
+  std::vector<int32_t> next;
+  model.ops().sample(logits, params, history, step_index, next);
+  std::vector<double> steps;
+  for (int64_t i = 0; i < gen; ++i) {
+    models::Batch step;
+    for (size_t s = 0; s < seqs.size(); ++s) step.sequences.push_back({{next[s]}, &seqs[s], false});
+    const auto start = Clock::now();
+    logits = model.forward(step, cache);
+    model.ops().sample(logits, params, history, step_index, next);
+    steps.push_back(seconds_since(start));
+  }
+  return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2)};
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
   struct Options {
     std::string model, shape, device = "cpu";
-    int32_t prompt = 128, decode = 32, bits = 0;
+    std::vector<int64_t> batch{1}, prompt{128};
+    int64_t gen = 32, context = 128;
+    int32_t bits = 0;
+    bool json = false, print_config = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed, and decode GB/s against a bandwidth probe");
   auto* model_opt = cmd->add_option("--model", o->model, "checkpoint folder (default: the bundled demo model)");
-  auto* shape_opt =
-      cmd->add_option("--shape", o->shape, "random weights of a released shape: qwen3_5-0.8b, qwen3_5-4b, qwen3-0.6b, ...");
+  auto* shape_opt = cmd->add_option(
+      "--shape", o->shape, "random weights of a released shape: qwen3-8b, qwen3-30b-a3b, qwen3_5-9b, qwen3_5-27b, ...");
   model_opt->excludes(shape_opt);
   cmd->add_option("--bits", o->bits, "with --shape: MLX affine-quantize the random weights to 2..8 bits (group 64) first");
-  cmd->add_option("--device", o->device, "cpu (default)");
-  cmd->add_option("--prompt", o->prompt, "prompt tokens for the prefill measurement (default 128)");
-  cmd->add_option("--decode", o->decode, "decode steps to time (default 32)");
+  cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
+  cmd->add_option("--batch", o->batch, "decode batch sizes, comma-separated (default 1)")->delimiter(',');
+  cmd->add_option("--prompt", o->prompt, "prefill lengths to time, comma-separated (default 128)")->delimiter(',');
+  cmd->add_option("--gen", o->gen, "decode steps to time per batch size (default 32)");
+  cmd->add_option("--context", o->context, "tokens each decode sequence holds before the timed steps (default 128)");
+  cmd->add_flag("--json", o->json, "print one JSON object instead of the table");
+  cmd->add_flag("--print-config", o->print_config, "with --shape: print the config.json of the shape and exit");
   cmd->callback([o] {
+    if (o->print_config) {
+      QINFER_CHECK(!o->shape.empty(), "--print-config needs --shape");
+      fmt::print("{}\n", models::released_shape(o->shape).dump(2));
+      return;
+    }
     if (o->shape.empty()) o->model = model_or_default(o->model);
-    QINFER_CHECK(o->device == "cpu", "--device {}: this build benchmarks the cpu backend", o->device);
-    QINFER_CHECK(o->prompt > 0 && o->decode > 0, "--prompt and --decode must be positive");
+    QINFER_CHECK(o->bits == 0 || !o->shape.empty(), "--bits needs --shape (quantize a real checkpoint with qinfer quantize)");
+    QINFER_CHECK(o->gen > 0 && o->context > 0, "--gen and --context must be positive");
+    for (int64_t b : o->batch) QINFER_CHECK(b > 0 && b <= 4096, "--batch {}: batch sizes must be in 1..4096", b);
+    for (int64_t p : o->prompt) QINFER_CHECK(p > 0, "--prompt {}: prefill lengths must be positive", p);
     std::filesystem::path dir = o->model;
     std::filesystem::path scratch;
+    struct Cleanup {
+      std::filesystem::path path;
+      ~Cleanup() {
+        std::error_code ignored;
+        if (!path.empty()) std::filesystem::remove_all(path, ignored);
+      }
+    } cleanup;
     if (!o->shape.empty()) {
       scratch = std::filesystem::temp_directory_path() / fmt::format("qinfer-bench-{}-{}", o->shape, ::getpid());
+      cleanup.path = scratch;
       models::write_random_checkpoint(scratch / "bf16", models::released_shape(o->shape), 1);
       dir = scratch / "bf16";
       if (o->bits > 0) {
@@ -93,21 +221,14 @@ void add_bench_command(CLI::App& app) {
         dir = scratch / "quantized";
       }
     }
-    QINFER_CHECK(o->bits == 0 || !o->shape.empty(), "--bits needs --shape (quantize a real checkpoint with qinfer quantize)");
-    struct Cleanup {
-      std::filesystem::path path;
-      ~Cleanup() {
-        std::error_code ignored;
-        if (!path.empty()) std::filesystem::remove_all(path, ignored);
-      }
-    } cleanup{scratch};
 
-    ThreadPool& pool = global_thread_pool();
     auto start = Clock::now();
     models::Checkpoint ck = models::open_checkpoint(dir);
-    std::unique_ptr<Ops> ops = make_cpu_ops(pool);
+    std::unique_ptr<Ops> ops = make_ops(o->device);
     models::Model model(ck, *ops);
+    (void)to_host(*ops, ops->alloc(DType::f32, {1}));  // the uploads are complete
     const double load_s = seconds_since(start);
+    const double loaded_bytes = weight_bytes(ck);
     uint64_t params = 0;
     for (const auto& [name, t] : ck.plan.tensors) {
       if (t.group != io::TensorGroup::text || name.ends_with(".scales") || name.ends_with(".biases")) continue;
@@ -115,46 +236,67 @@ void add_bench_command(CLI::App& app) {
       for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
       params += t.quant ? n * 32 / static_cast<uint64_t>(t.quant->bits) : n;  // packed codes hold 32/bits each
     }
+    const Probe probe = bandwidth_probe(o->device);
 
-    const double probe = measure_read_bandwidth_gbs(pool);
     std::mt19937 rng(7);
-    std::vector<int32_t> prompt(static_cast<size_t>(o->prompt));
-    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(std::min<int64_t>(ck.config.text.vocab_size, 100000)));
-    ModelCache cache = models::make_cache(model, o->prompt + o->decode + 1);
-    SequenceCache seq;
-    start = Clock::now();
-    models::Batch batch;
-    batch.sequences.push_back({prompt, &seq, false});
-    Tensor logits = model.forward(batch, cache);
-    const double prefill_s = seconds_since(start);
-
-    std::vector<double> steps;
-    int32_t token = 0;
-    for (int32_t i = 0; i < o->decode; ++i) {
-      const float* row = logits.ptr<float>();
-      token = static_cast<int32_t>(std::max_element(row, row + ck.config.text.vocab_size) - row);
-      models::Batch step;
-      step.sequences.push_back({{token}, &seq, false});
-      start = Clock::now();
-      logits = model.forward(step, cache);
-      steps.push_back(seconds_since(start));
+    std::vector<PrefillResult> prefills;
+    for (int64_t p : o->prompt) {
+      log_info("bench: prefill of {} tokens", p);
+      prefills.push_back(measure_prefill(model, p, rng));
     }
-    const double step_s = median(steps);
-    const double bytes = decode_step_bytes(ck, o->prompt + o->decode / 2);
-    const double gbs = bytes / step_s / 1e9;
+    std::vector<DecodeResult> decodes;
+    for (int64_t b : o->batch) {
+      log_info("bench: decode at batch {}", b);
+      decodes.push_back(measure_decode(model, ck, b, o->context, o->gen, rng));
+    }
+
     const std::string weights = ck.config.quantization
-                                    ? fmt::format("MLX {} {}-bit", ck.config.quantization->global.mode,
-                                                  ck.config.quantization->global.bits)
+                                    ? fmt::format("MLX {} {}-bit g{}", ck.config.quantization->global.mode,
+                                                  ck.config.quantization->global.bits,
+                                                  ck.config.quantization->global.group_size)
                                     : (ck.config.text.dtype.empty() ? std::string("?") : ck.config.text.dtype);
-    fmt::print("model            {} ({}, {:.2f} B parameters, weights {})\n", o->shape.empty() ? o->model : o->shape,
-               ck.family->name, static_cast<double>(params) / 1e9, weights);
-    fmt::print("device           cpu, {} threads; load {:.1f} s\n", pool.size(), load_s);
-    fmt::print("prefill          {} tokens in {:.3f} s: {:.1f} tok/s\n", o->prompt, prefill_s, o->prompt / prefill_s);
-    fmt::print("decode (batch 1) median {:.2f} ms/token over {} steps: {:.2f} tok/s\n", step_s * 1e3, o->decode,
-               1.0 / step_s);
-    fmt::print("decode bytes     {:.1f} MB per token -> {:.2f} GB/s\n", bytes / 1e6, gbs);
-    fmt::print("bandwidth probe  {:.2f} GB/s (multi-threaded read, same process)\n", probe);
-    fmt::print("ratio            {:.1f}% of the probe\n", 100.0 * gbs / probe);
+    const std::string model_name = o->shape.empty() ? o->model : o->shape;
+    if (o->json) {
+      io::json out = {{"model", model_name},
+                      {"family", ck.family->name},
+                      {"weights", weights},
+                      {"params_b", static_cast<double>(params) / 1e9},
+                      {"device", probe.device_name},
+                      {"load_s", load_s},
+                      {"load_gbs", loaded_bytes / load_s / 1e9},
+                      {"copy_probe_gbs", probe.gbs},
+                      {"probe", probe.what},
+                      {"decode_context", o->context},
+                      {"prefill", io::json::array()},
+                      {"decode", io::json::array()}};
+      for (const PrefillResult& p : prefills)
+        out["prefill"].push_back({{"tokens", p.tokens}, {"seconds", p.seconds}, {"tok_s", p.tokens / p.seconds}});
+      for (const DecodeResult& d : decodes) {
+        const double gbs = d.bytes / d.step_s / 1e9;
+        out["decode"].push_back({{"batch", d.batch},
+                                 {"ms_per_step", d.step_s * 1e3},
+                                 {"tok_s", static_cast<double>(d.batch) / d.step_s},
+                                 {"bytes_per_step", d.bytes},
+                                 {"gbs", gbs},
+                                 {"fraction_of_probe", gbs / probe.gbs}});
+      }
+      fmt::print("{}\n", out.dump(2));
+      return;
+    }
+    fmt::print("model            {} ({}, {:.2f} B parameters, weights {})\n", model_name, ck.family->name,
+               static_cast<double>(params) / 1e9, weights);
+    fmt::print("device           {}; load {:.1f} s ({:.2f} GB/s)\n", probe.device_name, load_s,
+               loaded_bytes / load_s / 1e9);
+    fmt::print("bandwidth probe  {:.1f} GB/s ({})\n", probe.gbs, probe.what);
+    for (const PrefillResult& p : prefills)
+      fmt::print("prefill          {} tokens in {:.3f} s: {:.1f} tok/s\n", p.tokens, p.seconds, p.tokens / p.seconds);
+    for (const DecodeResult& d : decodes) {
+      const double gbs = d.bytes / d.step_s / 1e9;
+      fmt::print("decode batch {:<4} {:.2f} ms/step: {:.1f} tok/s; {:.1f} MB/step -> {:.1f} GB/s = {:.1f}% of the probe\n",
+                 d.batch, d.step_s * 1e3, static_cast<double>(d.batch) / d.step_s, d.bytes / 1e6, gbs,
+                 100.0 * gbs / probe.gbs);
+    }
+    fmt::print("(decode: median over {} steps after a {}-token prompt per sequence)\n", o->gen, o->context);
   });
 }
 

@@ -1,6 +1,6 @@
 // The cuda backend: argument checks (the same rules and messages as cpu / ref), device memory,
 // the batch layouts uploaded as index arrays, and the dispatch of every op to its kernels
-// (launch.h). Prefill-sized linear layers go through cuBLAS in fp32 on dequantized weight rows;
+// (launch.h). Prefill-sized linear layers go through cuBLASLt on bf16 operands (gemm.h);
 // sampling copies logits to the host and runs sampling.h's definition, except greedy rows, which
 // are picked on the device.
 #include "backend/cuda/cuda_ops.h"
@@ -16,6 +16,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/launch.h"
 #include "core/error.h"
 
@@ -193,7 +194,7 @@ class Scratch {
   cudaStream_t stream_;
 };
 
-constexpr size_t kGemmScratchFloats = size_t{32} << 20;  // dequantized weight rows per GEMM pass (128 MiB)
+constexpr size_t kGemmScratchElements = size_t{64} << 20;  // dequantized bf16 weight rows per GEMM pass (128 MiB)
 
 class CudaOps final : public Ops {
  public:
@@ -222,6 +223,7 @@ class CudaOps final : public Ops {
     QINFER_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream()));
     check_cublas(cublasCreate(&cublas_), "cublasCreate");
     check_cublas(cublasSetStream(cublas_, stream()), "cublasSetStream");
+    bf16_gemm_ = std::make_unique<Bf16Gemm>();
   }
 
   ~CudaOps() override {
@@ -718,28 +720,33 @@ class CudaOps final : public Ops {
     return w;
   }
 
-  // y = x · wᵀ for more tokens than the GEMV takes: cuBLAS fp32 GEMM, on the weight itself when it
-  // is f32, else on passes of dequantized rows (bit-exact with Weight::row_f32).
+  // y = x · wᵀ for more tokens than the GEMV takes. f32 weights: cuBLAS fp32 GEMM. Others: the
+  // tensor cores on bf16 operands with f32 accumulation, on the weight itself when it is bf16, else
+  // on passes of rows dequantized to bf16 (the activations round to bf16 as well, as in torch's
+  // bf16 inference).
   void gemm(const float* x, int64_t T, const WeightView& w, float* y) {
     const int64_t out = w.rows, in = w.in;
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
     QINFER_CHECK(T <= kIntMax && out <= kIntMax && in <= kIntMax, "cuda linear: [{}, {}] x [{}, {}] is too large for cuBLAS",
                  T, in, out, in);
-    const float one = 1.0f, zero = 0.0f;
-    // Column-major view: y (out × T, ld out) = W (in × out)ᵀ · x (in × T).
-    auto sgemm = [&](const float* rows, int64_t row0, int64_t n) {
-      check_cublas(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(T),
-                               static_cast<int>(in), &one, rows, static_cast<int>(in), x, static_cast<int>(in), &zero,
-                               y + row0, static_cast<int>(out)),
+    if (!w.quantized && w.dtype == DType::f32) {
+      const float one = 1.0f, zero = 0.0f;
+      // Column-major view: y (out × T, ld out) = W (in × out)ᵀ · x (in × T).
+      check_cublas(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(T),
+                               static_cast<int>(in), &one, static_cast<const float*>(w.data), static_cast<int>(in), x,
+                               static_cast<int>(in), &zero, y, static_cast<int>(out)),
                    "cublasSgemm");
-    };
-    if (!w.quantized && w.dtype == DType::f32) return sgemm(static_cast<const float*>(w.data), 0, out);
-    const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchFloats) / in, 1, out);
-    Scratch rows(static_cast<size_t>(chunk * in) * sizeof(float), stream());
+      return;
+    }
+    Scratch xb(static_cast<size_t>(T * in) * 2, stream());
+    launch_to_bf16(x, T * in, xb.as<void>(), stream());
+    if (!w.quantized && w.dtype == DType::bf16) return bf16_gemm_->run(xb.as<void>(), T, w.data, out, in, y, out, stream());
+    const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchElements) / in, 1, out);
+    Scratch rows(static_cast<size_t>(chunk * in) * 2, stream());
     for (int64_t row0 = 0; row0 < out; row0 += chunk) {
       const int64_t n = std::min(chunk, out - row0);
-      launch_dequantize_rows(w, row0, n, rows.as<float>(), stream());
-      sgemm(rows.as<float>(), row0, n);
+      launch_dequantize_rows_bf16(w, row0, n, rows.as<void>(), stream());
+      bf16_gemm_->run(xb.as<void>(), T, rows.as<void>(), n, in, y + row0, out, stream());
     }
   }
 
@@ -807,6 +814,7 @@ class CudaOps final : public Ops {
 
   std::shared_ptr<Stream> stream_;
   cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<Bf16Gemm> bf16_gemm_;  // made once the device is current
   DeviceStatus* status_ = nullptr;
   int sm_count_ = 0;
   size_t max_shared_ = 0;

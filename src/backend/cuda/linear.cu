@@ -1,6 +1,8 @@
 // Decode-sized linear layers as fused GEMV kernels (one warp per weight row, every format read and
 // dequantized in registers, f32 accumulation), the dequantize-rows kernel that feeds cuBLAS for
 // prefill-sized ones, and embedding lookups (dense and quantized rows).
+#include <cuda_bf16.h>
+
 #include "backend/cuda/weights.cuh"
 
 namespace qinfer::cuda {
@@ -33,6 +35,20 @@ template <class Fmt>
 __global__ void dequantize_kernel(WeightView w, int64_t row0, int64_t rows, float* __restrict__ out) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     for (int64_t j = threadIdx.x; j < w.in; j += blockDim.x) out[r * w.in + j] = Fmt::element(w, row0 + r, j);
+}
+
+// The tensor-core GEMM's operands: rounded to nearest even, as torch rounds to bfloat16.
+template <class Fmt>
+__global__ void dequantize_bf16_kernel(WeightView w, int64_t row0, int64_t rows, __nv_bfloat16* __restrict__ out) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    for (int64_t j = threadIdx.x; j < w.in; j += blockDim.x)
+      out[r * w.in + j] = __float2bfloat16_rn(Fmt::element(w, row0 + r, j));
+}
+
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(x[i]);
 }
 
 template <class Fmt>
@@ -82,6 +98,23 @@ void launch_dequantize_rows(const WeightView& w, int64_t row0, int64_t rows, flo
     dequantize_kernel<decltype(format)><<<blocks, kRowThreads, 0, stream>>>(w, row0, rows, out);
   });
   QINFER_CUDA_CHECK_LAUNCH("dequantize_kernel<<<>>>");
+}
+
+void launch_dequantize_rows_bf16(const WeightView& w, int64_t row0, int64_t rows, void* out, cudaStream_t stream) {
+  if (rows == 0 || w.in == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min(rows, kMaxRowBlocks));
+  dispatch(w, [&](auto format) {
+    dequantize_bf16_kernel<decltype(format)>
+        <<<blocks, kRowThreads, 0, stream>>>(w, row0, rows, static_cast<__nv_bfloat16*>(out));
+  });
+  QINFER_CUDA_CHECK_LAUNCH("dequantize_bf16_kernel<<<>>>");
+}
+
+void launch_to_bf16(const float* x, int64_t n, void* out, cudaStream_t stream) {
+  if (n == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kRowThreads - 1) / kRowThreads, 4096));
+  to_bf16_kernel<<<blocks, kRowThreads, 0, stream>>>(x, n, static_cast<__nv_bfloat16*>(out));
+  QINFER_CUDA_CHECK_LAUNCH("to_bf16_kernel<<<>>>");
 }
 
 void launch_embedding(const int32_t* ids, int64_t T, const WeightView& table, float* out, DeviceStatus* status,
