@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,14 @@ struct Backend {
   std::function<std::unique_ptr<Ops>()> make;
   std::function<Tensor(Ops&, const Tensor& host)> upload;
   std::function<Tensor(const Tensor& device)> download;
+  // --perf on an accelerator: its bandwidth ceiling (GB/s, a copy counted read + write), its last
+  // cache level, and a timer of queued work (median seconds per call of fn(i), i cycling copies).
+  struct Device {
+    std::function<double()> probe_gbs;
+    std::function<size_t()> cache_bytes;
+    std::function<double(const std::function<void(int)>& fn)> median_seconds;
+  };
+  std::optional<Device> device;
 };
 
 const std::vector<Backend>& backends();

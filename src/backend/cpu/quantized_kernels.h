@@ -1,27 +1,43 @@
 #pragma once
-// Inner loops for MLX-quantized weights on the cpu backend (quantized.cpp drives them).
+// Direct GEMV kernels for MLX affine 4/8-bit rows on the cpu backend (quantized.cpp drives them):
+// per group g, Σ x·(s·q + b) = s·Σ x·q + b·Σ x, so a row is dotted straight from its packed codes,
+// never dequantized. Each instruction set prepares the activation row once per call in the layout
+// its inner loop wants, then dots it with every weight row.
 #include <cstdint>
+
+#include "core/dtype.h"
 
 namespace qinfer::cpu {
 
-// Affine rows whose codes a kernel of `vector_lanes` 32-bit lanes (8: AVX2, 16: AVX-512) reads
-// directly: 4- or 8-bit, groups of at least 32, `in` a whole number of blocks (vector_lanes words).
-bool affine_direct_supported(int bits, int group_size, int64_t in, int vector_lanes);
+struct AffineShape {
+  int64_t in = 0;  // row length, a whole number of the kernel's blocks (affine_direct_supported)
+  int bits = 4;    // 4 or 8
+  int group_size = 64;
+  DType scale_dtype = DType::bf16;  // scales and biases: f32, bf16 or f16
+};
 
-// The activation row in the order the kernel meets it. A block of `vector_lanes` packed words holds
-// k = 32/bits codes per lane; code i of lane l is element block_start + l·k + i.
-// lanes[block_start + i·vector_lanes + l] = x[that element] · 2^-(bits·i) for all but the top code,
-// so that masking code i in place (value q·2^(bits·i)) and converting it to float needs no shift: the
-// power of two cancels exactly. group_sums[g] = Σ x over group g (the bias term).
-void prepare_affine_input(const float* x, int64_t in, int bits, int group_size, int vector_lanes, float* lanes,
-                          float* group_sums);
+// One packed weight row: codes (in·bits/32 words) and its in/group_size scales and biases.
+struct AffineRow {
+  const uint32_t* codes;
+  const void* scales;
+  const void* biases;
+};
 
-// Σ_j x[j] · (scale_g · q_j + bias_g) over one row, from prepare_affine_input's lanes and group sums;
-// scales and biases are the row's groups as f32. AVX2 + FMA, vector_lanes 8.
-float affine_row_dot_avx2(const float* lanes, const float* group_sums, const uint32_t* codes, const float* scales,
-                          const float* biases, int64_t in, int group_size, int bits);
-// The same with AVX-512, vector_lanes 16; `scales` must be readable 16 floats past its last group.
-float affine_row_dot_avx512(const float* lanes, const float* group_sums, const uint32_t* codes, const float* scales,
-                            const float* biases, int64_t in, int group_size, int bits);
+struct AffineKernel {
+  int vector_lanes;  // 32-bit lanes of one vector of packed words: 8 (AVX2) or 16 (AVX-512)
+  // `prepared` holds affine_prepared_floats(in, group_size) floats per activation row.
+  void (*prepare)(const float* x, const AffineShape& shape, float* prepared);
+  float (*row_dot)(const float* prepared, const AffineShape& shape, const AffineRow& row);
+};
+
+// The activation in a kernel's own layout (at most `in` floats), then Σx of each group.
+inline int64_t affine_prepared_floats(int64_t in, int group_size) { return in + in / group_size; }
+
+// AVX2 + FMA + F16C: the activation as f32, permuted and pre-scaled so that each masked code
+// converts straight to its product (quantized_avx2.cpp).
+const AffineKernel& affine_kernel_avx2();
+// AVX-512 F/BW/VL + VNNI: the activation split into three int8 parts per group, dotted with the
+// unpacked codes by vpdpbusd (quantized_avx512.cpp).
+const AffineKernel& affine_kernel_avx512_vnni();
 
 }  // namespace qinfer::cpu

@@ -721,9 +721,10 @@ class CudaOps final : public Ops {
   }
 
   // y = x · wᵀ for more tokens than the GEMV takes. f32 weights: cuBLAS fp32 GEMM. Others: the
-  // tensor cores on bf16 operands with f32 accumulation, on the weight itself when it is bf16, else
-  // on passes of rows dequantized to bf16 (the activations round to bf16 as well, as in torch's
-  // bf16 inference).
+  // tensor cores on bf16 operands with f32 accumulation, each operand split into a bf16 pair
+  // hi + lo (launch.h) so that the result keeps f32-like accuracy: x·w = hi·w + lo·w for bf16
+  // weights (exact in bf16 already); for other formats the dequantized rows split too and
+  // hi·hi + lo·hi + hi·lo (lo·lo is below f32 rounding).
   void gemm(const float* x, int64_t T, const WeightView& w, float* y) {
     const int64_t out = w.rows, in = w.in;
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
@@ -738,15 +739,27 @@ class CudaOps final : public Ops {
                    "cublasSgemm");
       return;
     }
-    Scratch xb(static_cast<size_t>(T * in) * 2, stream());
-    launch_to_bf16(x, T * in, xb.as<void>(), stream());
-    if (!w.quantized && w.dtype == DType::bf16) return bf16_gemm_->run(xb.as<void>(), T, w.data, out, in, y, out, stream());
+    const size_t x_bytes = static_cast<size_t>(T * in) * 2;
+    Scratch x_pair(2 * x_bytes, stream());
+    void* x_hi = x_pair.as<char>();
+    void* x_lo = x_pair.as<char>() + x_bytes;
+    launch_to_bf16_pair(x, T * in, x_hi, x_lo, stream());
+    if (!w.quantized && w.dtype == DType::bf16) {
+      bf16_gemm_->run(x_hi, T, w.data, out, in, y, out, false, stream());
+      bf16_gemm_->run(x_lo, T, w.data, out, in, y, out, true, stream());
+      return;
+    }
     const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchElements) / in, 1, out);
-    Scratch rows(static_cast<size_t>(chunk * in) * 2, stream());
+    const size_t w_bytes = static_cast<size_t>(chunk * in) * 2;
+    Scratch w_pair(2 * w_bytes, stream());
+    void* w_hi = w_pair.as<char>();
+    void* w_lo = w_pair.as<char>() + w_bytes;
     for (int64_t row0 = 0; row0 < out; row0 += chunk) {
       const int64_t n = std::min(chunk, out - row0);
-      launch_dequantize_rows_bf16(w, row0, n, rows.as<void>(), stream());
-      bf16_gemm_->run(xb.as<void>(), T, rows.as<void>(), n, in, y + row0, out, stream());
+      launch_dequantize_rows_bf16_pair(w, row0, n, w_hi, w_lo, stream());
+      bf16_gemm_->run(x_hi, T, w_hi, n, in, y + row0, out, false, stream());
+      bf16_gemm_->run(x_lo, T, w_hi, n, in, y + row0, out, true, stream());
+      bf16_gemm_->run(x_hi, T, w_lo, n, in, y + row0, out, true, stream());
     }
   }
 

@@ -73,13 +73,13 @@ const Bf16Gemm::Plan& Bf16Gemm::plan(int64_t T, int64_t out, int64_t in, int64_t
 }
 
 void Bf16Gemm::run(const void* x, int64_t T, const void* w, int64_t out, int64_t in, float* y, int64_t ldy,
-                   cudaStream_t stream) {
+                   bool accumulate, cudaStream_t stream) {
   constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
   QINFER_CHECK(T <= kIntMax && out <= kIntMax && in <= kIntMax && ldy <= kIntMax,
                "cuda linear: [{}, {}] x [{}, {}] is too large for cuBLASLt", T, in, out, in);
   const Plan& p = plan(T, out, in, ldy);
-  const float one = 1.0f, zero = 0.0f;
-  check_lt(cublasLtMatmul(handle_, p.op, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo, workspace_,
+  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  check_lt(cublasLtMatmul(handle_, p.op, &one, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
                           kWorkspaceBytes, stream),
            "cublasLtMatmul");
 }

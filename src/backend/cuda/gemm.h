@@ -18,8 +18,10 @@ class Bf16Gemm {
   Bf16Gemm(const Bf16Gemm&) = delete;
   Bf16Gemm& operator=(const Bf16Gemm&) = delete;
 
-  // y f32 [T, out] (row stride ldy) = x bf16 [T, in] · w bf16 [out, in]ᵀ, all device pointers.
-  void run(const void* x, int64_t T, const void* w, int64_t out, int64_t in, float* y, int64_t ldy, cudaStream_t stream);
+  // y f32 [T, out] (row stride ldy) = x bf16 [T, in] · w bf16 [out, in]ᵀ (+ y when accumulate), all
+  // device pointers.
+  void run(const void* x, int64_t T, const void* w, int64_t out, int64_t in, float* y, int64_t ldy, bool accumulate,
+           cudaStream_t stream);
 
  private:
   struct Plan {

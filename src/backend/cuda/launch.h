@@ -41,10 +41,12 @@ constexpr int64_t kGemvMaxTokens = 8;
 void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream);
 // out[r, :] = w row (row0 + r) as f32, for r < rows; bit-exact with Weight::row_f32.
 void launch_dequantize_rows(const WeightView& w, int64_t row0, int64_t rows, float* out, cudaStream_t stream);
-// The same rows rounded to bf16 (out: bf16 [rows, in]), the tensor-core GEMM's weight operand.
-void launch_dequantize_rows_bf16(const WeightView& w, int64_t row0, int64_t rows, void* out, cudaStream_t stream);
-// out = x rounded to bf16 (round to nearest even), n elements.
-void launch_to_bf16(const float* x, int64_t n, void* out, cudaStream_t stream);
+// The same rows as bf16 pairs hi + lo (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the
+// tensor-core GEMM's weight operands.
+void launch_dequantize_rows_bf16_pair(const WeightView& w, int64_t row0, int64_t rows, void* hi, void* lo,
+                                      cudaStream_t stream);
+// x (n elements) as bf16 pairs hi + lo.
+void launch_to_bf16_pair(const float* x, int64_t n, void* hi, void* lo, cudaStream_t stream);
 // out[t, :] = table row ids[t]; a bad id writes zeros and reports kStatusEmbeddingId.
 void launch_embedding(const int32_t* ids, int64_t T, const WeightView& table, float* out, DeviceStatus* status,
                       cudaStream_t stream);

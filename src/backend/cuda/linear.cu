@@ -37,18 +37,30 @@ __global__ void dequantize_kernel(WeightView w, int64_t row0, int64_t rows, floa
     for (int64_t j = threadIdx.x; j < w.in; j += blockDim.x) out[r * w.in + j] = Fmt::element(w, row0 + r, j);
 }
 
-// The tensor-core GEMM's operands: rounded to nearest even, as torch rounds to bfloat16.
+// The tensor-core GEMM's operands as bf16 pairs: v = hi + lo with hi = bf16(v), lo = bf16(v − hi),
+// which together carry 16 mantissa bits (a product of pairs is exact to ~2^-16, where one bf16
+// operand alone costs ~2^-9 per element: enough to move the logits of small models by percents).
 template <class Fmt>
-__global__ void dequantize_bf16_kernel(WeightView w, int64_t row0, int64_t rows, __nv_bfloat16* __restrict__ out) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    for (int64_t j = threadIdx.x; j < w.in; j += blockDim.x)
-      out[r * w.in + j] = __float2bfloat16_rn(Fmt::element(w, row0 + r, j));
+__global__ void dequantize_bf16_pair_kernel(WeightView w, int64_t row0, int64_t rows, __nv_bfloat16* __restrict__ hi,
+                                            __nv_bfloat16* __restrict__ lo) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int64_t j = threadIdx.x; j < w.in; j += blockDim.x) {
+      const float v = Fmt::element(w, row0 + r, j);
+      const __nv_bfloat16 h = __float2bfloat16_rn(v);
+      hi[r * w.in + j] = h;
+      lo[r * w.in + j] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+  }
 }
 
-__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ out) {
+__global__ void to_bf16_pair_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ hi,
+                                    __nv_bfloat16* __restrict__ lo) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(x[i]);
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+    hi[i] = h;
+    lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
+  }
 }
 
 template <class Fmt>
@@ -100,21 +112,23 @@ void launch_dequantize_rows(const WeightView& w, int64_t row0, int64_t rows, flo
   QINFER_CUDA_CHECK_LAUNCH("dequantize_kernel<<<>>>");
 }
 
-void launch_dequantize_rows_bf16(const WeightView& w, int64_t row0, int64_t rows, void* out, cudaStream_t stream) {
+void launch_dequantize_rows_bf16_pair(const WeightView& w, int64_t row0, int64_t rows, void* hi, void* lo,
+                                      cudaStream_t stream) {
   if (rows == 0 || w.in == 0) return;
   const auto blocks = static_cast<unsigned>(std::min(rows, kMaxRowBlocks));
   dispatch(w, [&](auto format) {
-    dequantize_bf16_kernel<decltype(format)>
-        <<<blocks, kRowThreads, 0, stream>>>(w, row0, rows, static_cast<__nv_bfloat16*>(out));
+    dequantize_bf16_pair_kernel<decltype(format)><<<blocks, kRowThreads, 0, stream>>>(
+        w, row0, rows, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
   });
-  QINFER_CUDA_CHECK_LAUNCH("dequantize_bf16_kernel<<<>>>");
+  QINFER_CUDA_CHECK_LAUNCH("dequantize_bf16_pair_kernel<<<>>>");
 }
 
-void launch_to_bf16(const float* x, int64_t n, void* out, cudaStream_t stream) {
+void launch_to_bf16_pair(const float* x, int64_t n, void* hi, void* lo, cudaStream_t stream) {
   if (n == 0) return;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kRowThreads - 1) / kRowThreads, 4096));
-  to_bf16_kernel<<<blocks, kRowThreads, 0, stream>>>(x, n, static_cast<__nv_bfloat16*>(out));
-  QINFER_CUDA_CHECK_LAUNCH("to_bf16_kernel<<<>>>");
+  to_bf16_pair_kernel<<<blocks, kRowThreads, 0, stream>>>(x, n, static_cast<__nv_bfloat16*>(hi),
+                                                          static_cast<__nv_bfloat16*>(lo));
+  QINFER_CUDA_CHECK_LAUNCH("to_bf16_pair_kernel<<<>>>");
 }
 
 void launch_embedding(const int32_t* ids, int64_t T, const WeightView& table, float* out, DeviceStatus* status,
