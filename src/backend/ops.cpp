@@ -20,9 +20,25 @@ void Ops::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t 
   qinfer::copy_columns(src, src_col, dst, dst_col, width);
 }
 
+Tensor Ops::upload(DType dtype, std::vector<int64_t> shape, std::span<const std::span<const std::byte>> pieces) {
+  Tensor t = alloc_output(dtype, std::move(shape));
+  uint64_t total = 0;
+  for (const auto& piece : pieces) total += piece.size();
+  QINFER_CHECK(total == t.nbytes(), "{} upload: {} bytes given for a {} tensor of {} bytes", name(), total,
+               qinfer::name(dtype), t.nbytes());
+  QINFER_CHECK(t.device == Device::cpu, "{} upload: this backend keeps tensors off the host and must stream them itself",
+               name());
+  auto* out = static_cast<std::byte*>(t.data);
+  for (const auto& piece : pieces) {
+    if (!piece.empty()) std::memcpy(out, piece.data(), piece.size());
+    out += piece.size();
+  }
+  return t;
+}
+
 Tensor to_backend(Ops& ops, const Tensor& host) {
   if (host.device == ops.device()) return host;
-  Tensor t = ops.alloc(host.dtype, host.shape);
+  Tensor t = ops.alloc_output(host.dtype, host.shape);
   ops.copy(host, t);
   return t;
 }

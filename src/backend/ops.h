@@ -7,6 +7,9 @@
 // (recurrent vs chunked, decode vs prefill) from it.
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -76,6 +79,15 @@ class Ops {
   virtual std::string_view name() const = 0;
   virtual Device device() const = 0;
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
+  // Bytes this backend's memory has free, where it has its own (a GPU's); none for host memory.
+  virtual std::optional<uint64_t> free_memory() const { return std::nullopt; }
+  // For an op's output, which the op writes whole before anyone reads it: a device backend skips
+  // the zero fill (a memset per activation of every layer).
+  virtual Tensor alloc_output(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }
+  // A new tensor holding host bytes given as pieces concatenated in order (a checkpoint tensor's
+  // slices of mmapped files): the one path weights take at load. A device backend streams them
+  // through pinned buffers, overlapping the host copy of one chunk with the transfer of the last.
+  virtual Tensor upload(DType dtype, std::vector<int64_t> shape, std::span<const std::span<const std::byte>> pieces);
   // src → dst (same dtype and element count), each in host memory or in this backend's; a host
   // destination is complete when the call returns. Host backends: a memcpy.
   virtual void copy(const Tensor& src, Tensor& dst);
@@ -137,6 +149,16 @@ class Ops {
   virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                 const Tensor& beta, const SeqLayout& layout, Tensor& state, Tensor& out,
                                 GdnAlgorithm algorithm) = 0;
+
+  // Recorded steps. Model::forward brackets a step whose shape repeats (decode) with
+  // begin_step(key) ... end_step(output); `key` names everything that shapes the step's launches.
+  // A backend that can record queued work (CUDA graphs) records a key's step once it repeats and
+  // afterwards replays it: the ops of a replayed step only stage their host-side inputs (ids,
+  // positions, layouts), and end_step runs the recording. end_step returns the step's output, valid
+  // until the next step. abort_step ends a step that threw. Host backends run every step as is.
+  virtual void begin_step(const std::string& key) { (void)key; }
+  virtual Tensor end_step(Tensor output) { return output; }
+  virtual void abort_step() {}
 
   // Picks one token per row of logits f32 [S,V] (see backend/sampling.h for the exact semantics, which
   // every backend shares). history[s] holds row s's prompt + generated ids, for the penalties.

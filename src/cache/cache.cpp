@@ -1,14 +1,19 @@
 #include "cache/cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/error.h"
 
 namespace qinfer {
 
+namespace {
+std::atomic<uint64_t> next_cache_id{1};
+}  // namespace
+
 ModelCache::ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots)
-    : ops_(&ops), shape_(shape), block_size_(block_size) {
+    : ops_(&ops), id_(next_cache_id++), shape_(shape), block_size_(block_size) {
   QINFER_CHECK(block_size > 0 && num_blocks > 0 && num_slots > 0, "cache: blocks, block size and slots must be > 0");
   for (int64_t i = 0; i < shape.attention_layers; ++i)
     kv_.push_back(KvPool{ops.alloc(DType::f32, {num_blocks, block_size, shape.kv_heads, shape.head_dim}),

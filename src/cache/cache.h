@@ -20,6 +20,9 @@ class ModelCache {
   ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots);
 
   const CacheShape& shape() const { return shape_; }
+  // Distinct for every cache made in this process: a recorded step (Ops::begin_step) is bound to
+  // the pools and states of one cache.
+  uint64_t id() const { return id_; }
   int32_t block_size() const { return block_size_; }
   KvPool& kv(int64_t attention_layer) { return kv_.at(attention_layer); }
   Tensor& conv_state(int64_t linear_layer) { return conv_.at(linear_layer); }
@@ -47,6 +50,7 @@ class ModelCache {
   void zero_slot(int32_t slot);
 
   Ops* ops_;  // the backend holding the pools and states
+  uint64_t id_;
   CacheShape shape_;
   int32_t block_size_;
   std::vector<KvPool> kv_;

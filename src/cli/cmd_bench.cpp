@@ -118,6 +118,7 @@ struct PrefillResult {
 struct DecodeResult {
   int64_t batch = 0;
   double step_s = 0, bytes = 0;
+  double host_s = 0;  // of a step, the time until forward() returns (the host's share when it is the bottleneck)
 };
 
 // One forward over a fresh `tokens`-token prompt; the second of two runs (the first warms up
@@ -152,16 +153,17 @@ DecodeResult measure_decode(models::Model& model, const models::Checkpoint& ck, 
   std::vector<uint64_t> step_index(static_cast<size_t>(batch), 0);
   std::vector<int32_t> next;
   model.ops().sample(logits, params, history, step_index, next);
-  std::vector<double> steps;
+  std::vector<double> steps, host;
   for (int64_t i = 0; i < gen; ++i) {
     models::Batch step;
     for (size_t s = 0; s < seqs.size(); ++s) step.sequences.push_back({{next[s]}, &seqs[s], false});
     const auto start = Clock::now();
     logits = model.forward(step, cache);
+    host.push_back(seconds_since(start));
     model.ops().sample(logits, params, history, step_index, next);
     steps.push_back(seconds_since(start));
   }
-  return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2)};
+  return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2), median(host)};
 }
 
 }  // namespace
@@ -275,6 +277,7 @@ void add_bench_command(CLI::App& app) {
         const double gbs = d.bytes / d.step_s / 1e9;
         out["decode"].push_back({{"batch", d.batch},
                                  {"ms_per_step", d.step_s * 1e3},
+                                 {"host_ms_per_step", d.host_s * 1e3},
                                  {"tok_s", static_cast<double>(d.batch) / d.step_s},
                                  {"bytes_per_step", d.bytes},
                                  {"gbs", gbs},
@@ -292,9 +295,11 @@ void add_bench_command(CLI::App& app) {
       fmt::print("prefill          {} tokens in {:.3f} s: {:.1f} tok/s\n", p.tokens, p.seconds, p.tokens / p.seconds);
     for (const DecodeResult& d : decodes) {
       const double gbs = d.bytes / d.step_s / 1e9;
-      fmt::print("decode batch {:<4} {:.2f} ms/step: {:.1f} tok/s; {:.1f} MB/step -> {:.1f} GB/s = {:.1f}% of the probe\n",
-                 d.batch, d.step_s * 1e3, static_cast<double>(d.batch) / d.step_s, d.bytes / 1e6, gbs,
-                 100.0 * gbs / probe.gbs);
+      fmt::print(
+          "decode batch {:<4} {:.2f} ms/step (host {:.2f}): {:.1f} tok/s; {:.1f} MB/step -> {:.1f} GB/s = {:.1f}% of the "
+          "probe\n",
+          d.batch, d.step_s * 1e3, d.host_s * 1e3, static_cast<double>(d.batch) / d.step_s, d.bytes / 1e6, gbs,
+          100.0 * gbs / probe.gbs);
     }
     fmt::print("(decode: median over {} steps after a {}-token prompt per sequence)\n", o->gen, o->context);
   });

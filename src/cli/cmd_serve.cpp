@@ -36,6 +36,7 @@ void add_serve_command(CLI::App& app) {
     server::ServerOptions server;
     engine::SchedulerOptions scheduler;
     int threads = 0;
+    std::string device = "cpu";
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)");
@@ -57,6 +58,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "largest request body accepted (default 16 MiB)")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
   cmd->add_option("--threads", o->threads, "CPU threads for the model (default: all)")->check(CLI::Range(1, 4096));
+  cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
+  cmd->add_option("--memory-fraction", o->scheduler.memory_fraction,
+                  "of a GPU's free memory (after the weights) the KV cache and states may take (default 0.9)")
+      ->check(CLI::Range(0.01, 1.0));
   cmd->callback([o] {
     const std::string dir = resolve_model_dir(o->model);
     // Signals are taken by sigwait below: block them before any thread starts so none inherits them.
@@ -68,7 +73,7 @@ void add_serve_command(CLI::App& app) {
     // The process-wide pool reads QINFER_THREADS when the model first uses it.
     if (o->threads > 0) setenv("QINFER_THREADS", std::to_string(o->threads).c_str(), 1);
 
-    auto m = load_model(dir, /*need_template=*/false);
+    auto m = load_model(dir, /*need_template=*/false, o->device);
     try {
       m->chat_template = tokenizer::ChatTemplate::from_model_dir(dir);
     } catch (const qinfer::Error& e) {

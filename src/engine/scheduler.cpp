@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/text_stream.h"
 
 namespace qinfer::engine {
@@ -40,6 +41,24 @@ TokenLogprob logprob_of(const float* row, int64_t vocab, int32_t token, int32_t 
   return out;
 }
 
+}  // namespace
+
+int64_t kv_blocks_in_memory(const CacheShape& s, const SchedulerOptions& o, uint64_t free_bytes) {
+  const double block_bytes = 2.0 * static_cast<double>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim) * 4;
+  const double state_bytes = static_cast<double>(o.max_running) * static_cast<double>(s.linear_layers) * 4.0 *
+                             static_cast<double>(s.conv_window * s.conv_channels +
+                                                 s.value_heads * s.value_head_dim * s.key_head_dim);
+  const double budget = static_cast<double>(free_bytes) * o.memory_fraction - state_bytes;
+  QINFER_CHECK(budget >= block_bytes,
+               "scheduler: {:.2f} GB of free device memory x memory fraction {} leaves no room for the KV cache after "
+               "{:.2f} GB of recurrent state for {} sequences (lower --max-running or raise --memory-fraction)",
+               static_cast<double>(free_bytes) / 1e9, o.memory_fraction, state_bytes / 1e9, o.max_running);
+  if (block_bytes == 0) return std::numeric_limits<int64_t>::max();  // no attention layers: nothing to hold
+  return static_cast<int64_t>(budget / block_bytes);
+}
+
+namespace {
+
 SchedulerOptions resolve(const SchedulerOptions& o, const models::Model& model) {
   const int64_t positions = model.config().max_position_embeddings;
   QINFER_CHECK(o.block_size > 0, "scheduler: block_size must be positive, got {}", o.block_size);
@@ -53,9 +72,19 @@ SchedulerOptions resolve(const SchedulerOptions& o, const models::Model& model) 
                "scheduler: max_context {} is outside 0..{} (the model's max_position_embeddings)", o.max_context,
                positions);
   QINFER_CHECK(o.kv_blocks >= 0, "scheduler: kv_blocks must not be negative, got {}", o.kv_blocks);
+  QINFER_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "scheduler: memory_fraction {} is outside (0, 1]",
+               o.memory_fraction);
   SchedulerOptions r = o;
   if (r.max_context == 0) r.max_context = positions;
-  if (r.kv_blocks == 0) r.kv_blocks = r.max_running * blocks_for(r.max_context, r.block_size);
+  if (r.kv_blocks == 0) {
+    r.kv_blocks = r.max_running * blocks_for(r.max_context, r.block_size);
+    // On a device with its own memory, the pool takes what is free (after the weights), not more.
+    if (const std::optional<uint64_t> free = model.ops().free_memory()) {
+      r.kv_blocks = std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free));
+      log_info("scheduler: {} KV blocks of {} tokens in {:.2f} GB of free device memory", r.kv_blocks, r.block_size,
+               static_cast<double>(*free) / 1e9);
+    }
+  }
   return r;
 }
 

@@ -39,13 +39,19 @@
 namespace qinfer::engine {
 
 struct SchedulerOptions {
-  int64_t kv_blocks = 0;         // KV blocks in the pool (0: enough for max_running × max_context)
+  int64_t kv_blocks = 0;         // KV blocks in the pool (0: enough for max_running × max_context, within
+                                 // memory_fraction of a device's free memory)
+  double memory_fraction = 0.9;  // of a GPU's free memory the KV pool and recurrent states may take
   int32_t block_size = 16;       // tokens per KV block
   int32_t max_running = 64;      // sequences decoding at once (also the number of recurrent-state slots)
   int32_t max_waiting = 256;     // queued requests beyond which submit() refuses (HTTP 429)
   int32_t step_token_budget = 2048;  // tokens one forward may carry (decodes first, then prefill chunks)
   int64_t max_context = 0;       // prompt + completion limit per sequence (0: the model's max positions)
 };
+
+// KV blocks that fit `free_bytes` × o.memory_fraction after the recurrent states of o.max_running
+// sequences; throws when not even one block does.
+int64_t kv_blocks_in_memory(const CacheShape& shape, const SchedulerOptions& o, uint64_t free_bytes);
 
 struct RequestParams {
   std::vector<int32_t> prompt;

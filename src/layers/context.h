@@ -18,7 +18,8 @@ struct ForwardContext {
   // Called with every named intermediate when set (`qinfer eval --dump`), to diff against HF layer by layer.
   std::function<void(const std::string& name, const Tensor& value)> dump;
 
-  Tensor alloc(std::vector<int64_t> shape) { return ops.alloc(DType::f32, std::move(shape)); }
+  // Activations: every one is an op's output before it is read.
+  Tensor alloc(std::vector<int64_t> shape) { return ops.alloc_output(DType::f32, std::move(shape)); }
   void named(const std::string& name, const Tensor& value) const {
     if (dump) dump(name, value);
   }

@@ -36,7 +36,7 @@ void Moe::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const {
   const int64_t T = x.dim(0), E = router.shape()[0];
   Tensor logits = ctx.alloc({T, E});
   ops.linear(x, router, logits);
-  Tensor ids = ops.alloc(DType::i32, {T, top_k});
+  Tensor ids = ops.alloc_output(DType::i32, {T, top_k});
   Tensor weights = ctx.alloc({T, top_k});
   ops.moe_route(logits, renormalize, ids, weights);
   ops.moe_experts(x, ids, weights, gate_proj, up_proj, down_proj, out);

@@ -5,13 +5,16 @@
 #include <string>
 
 #include "backend/ops.h"
+#include "core/progress.h"
 #include "io/checkpoint.h"
 
 namespace qinfer::layers {
 
 class WeightLoader {
  public:
-  WeightLoader(const io::NormalizationPlan& plan, Ops& ops) : plan_(plan), ops_(ops) {}
+  // `progress`, when given, advances by each tensor's stored bytes.
+  WeightLoader(const io::NormalizationPlan& plan, Ops& ops, ProgressBar* progress = nullptr)
+      : plan_(plan), ops_(ops), progress_(progress) {}
   // A matrix as stored: dense (f32|bf16|f16) or MLX-quantized (codes + scales [+ biases]).
   Weight matrix(const std::string& name) const;
   Tensor vector(const std::string& name) const;  // any shape, as f32
@@ -20,6 +23,7 @@ class WeightLoader {
  private:
   const io::NormalizationPlan& plan_;
   Ops& ops_;
+  ProgressBar* progress_;
 };
 
 }  // namespace qinfer::layers

@@ -1,12 +1,21 @@
 #include "models/model.h"
 
+#include <chrono>
+
 #include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
 
 namespace qinfer::models {
 
 Model::Model(const Checkpoint& checkpoint, Ops& ops) : config_(checkpoint.config.text), ops_(ops) {
   const io::TextConfig& c = config_;
-  layers::WeightLoader w(checkpoint.plan, ops);
+  uint64_t text_bytes = 0;
+  for (const auto& [name, t] : checkpoint.plan.tensors)
+    if (t.group == io::TensorGroup::text) text_bytes += t.nbytes();
+  const auto start = std::chrono::steady_clock::now();
+  ProgressBar progress("loading weights", text_bytes, ProgressBar::Unit::bytes);
+  layers::WeightLoader w(checkpoint.plan, ops, &progress);
   embed_tokens = w.matrix("model.embed_tokens.weight");
   final_norm = w.vector("model.norm.weight");
   lm_head = c.tie_word_embeddings ? embed_tokens : w.matrix("lm_head.weight");
@@ -27,6 +36,11 @@ Model::Model(const Checkpoint& checkpoint, Ops& ops) : config_(checkpoint.config
     else layer.ffn = layers::Mlp::load(w, prefix + ".mlp");
     layers_.push_back(std::move(layer));
   }
+  (void)to_host(ops, ops.alloc(DType::f32, {1}));  // the transfers are complete
+  progress.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_info("loaded {} of weights onto {} in {:.2f} s ({:.2f} GB/s)", format_bytes(text_bytes), ops.name(), seconds,
+           static_cast<double>(text_bytes) / seconds / 1e9);
 }
 
 CacheShape Model::cache_shape() const {
@@ -55,6 +69,7 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   layout.block_size = cache.block_size();
   layout.seqs.cu_seqlens.push_back(0);
   std::vector<int32_t> tokens;
+  bool decode = !dump;  // one token and one logits row per sequence
   for (const Batch::Sequence& s : batch.sequences) {
     QINFER_CHECK(!s.tokens.empty() && s.cache != nullptr, "forward: every sequence needs tokens and a cache");
     for (int32_t t : s.tokens)
@@ -65,12 +80,41 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
     layout.seqs.state_slot.push_back(s.cache->slot);
     layout.cached.push_back(s.cache->cached);
     layout.max_blocks = std::max<int32_t>(layout.max_blocks, static_cast<int32_t>(s.cache->blocks.size()));
+    decode = decode && s.tokens.size() == 1 && !s.all_logits;
+  }
+  // Decode steps repeat their shape, and the backend may record and replay them (Ops::begin_step).
+  // The block table widens in powers of two so that a growing context changes the shape only at
+  // doublings.
+  std::string step_key;
+  if (decode) {
+    int32_t width = 8;
+    while (width < layout.max_blocks) width *= 2;
+    layout.max_blocks = width;
+    step_key = fmt::format("cache {}: decode {} sequences, {} blocks", cache.id(), batch.sequences.size(), width);
   }
   for (const Batch::Sequence& s : batch.sequences) {
     std::vector<int32_t> row = s.cache->blocks;
     row.resize(layout.max_blocks, -1);
     layout.block_table.insert(layout.block_table.end(), row.begin(), row.end());
   }
+  if (step_key.empty()) return run(batch, tokens, ctx, dump);
+  ops_.begin_step(step_key);
+  Tensor logits;
+  try {
+    logits = run(batch, tokens, ctx, dump);
+  } catch (...) {
+    ops_.abort_step();
+    throw;
+  }
+  return ops_.end_step(std::move(logits));
+}
+
+// The decoder over a prepared batch. Every device tensor it makes is gone when it returns, except
+// the logits (a recorded step must free what it allocates before it ends).
+Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers::ForwardContext& ctx,
+                  const std::function<void(const std::string&, const Tensor&)>& dump) {
+  const io::TextConfig& c = config_;
+  AttentionLayout& layout = ctx.attention;
   const int64_t T = static_cast<int64_t>(tokens.size());
   // Text positions: all three MRoPE rows equal to the token's index in its sequence.
   Tensor positions = host_tensor(DType::i32, {3, T});
@@ -83,6 +127,10 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   const Tensor ids = to_backend(ops_, ids_host);
   ctx.positions = to_backend(ops_, positions);
   ctx.dump = dump;
+  struct DropPositions {  // ctx outlives this call; its device positions must not
+    layers::ForwardContext& ctx;
+    ~DropPositions() { ctx.positions = Tensor(); }
+  } drop_positions{ctx};
 
   // The decoder, as in the HF modeling files.
   Tensor h = ctx.alloc({T, c.hidden_size});

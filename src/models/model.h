@@ -43,6 +43,9 @@ class Model {
                  const std::function<void(const std::string&, const Tensor&)>& dump = {});
 
  private:
+  Tensor run(const Batch& batch, const std::vector<int32_t>& tokens, layers::ForwardContext& ctx,
+             const std::function<void(const std::string&, const Tensor&)>& dump);
+
   io::TextConfig config_;
   Ops& ops_;
   Weight embed_tokens, lm_head;  // lm_head is embed_tokens when tied (dequantized rows / packed head alike)

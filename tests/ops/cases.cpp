@@ -36,7 +36,10 @@ void add_linear(std::vector<Case>& cases) {
   struct Shape { int64_t T, in, out; };
   const Shape shapes[] = {{1, 1, 1},   {1, 63, 65},   {1, 127, 17},  {3, 17, 63},  {17, 65, 127},
                           {5, 1100, 19}, {1, 2055, 7}, {64, 96, 80}, {65, 127, 33}, {100, 300, 70},
-                          {1, 4096, 515}, {31, 257, 200}, {32, 129, 47}, {17, 5000, 13}};
+                          {1, 4096, 515}, {31, 257, 200}, {32, 129, 47}, {17, 5000, 13},
+                          // The GEMV tiles: every token count they are built for (1, 2, 4, 8 and less),
+                          // rows past a tile's end, rows of several double-buffered batches.
+                          {2, 2304, 33}, {3, 2304, 9}, {4, 132, 31}, {7, 64, 5}, {8, 516, 70}, {1, 1024, 3}};
   for (DType dt : kWeightTypes) {
     for (const Shape s : shapes) {
       cases.push_back({"linear", fmt::format("{} T={} in={} out={}", name(dt), s.T, s.in, s.out), [=](Run& r) {
@@ -106,7 +109,9 @@ void add_linear_quantized(std::vector<Case>& cases) {
   layouts.push_back({quant::Mode::mxfp8, 8, 32});
   for (const quant::Layout& layout : layouts) {
     // in = 192: a whole number of AVX2 blocks but not of AVX-512 ones (4-bit), so both kernels run.
-    for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{1, 256}, {5, 256}, {70, 256}, {3, 192}}) {
+    // in = 2304 with T = 1, 2, 8: rows of several (and a partial) double-buffered batches of the GEMV tiles.
+    for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{1, 256}, {5, 256}, {70, 256}, {3, 192},
+                                                      {1, 2304}, {2, 2304}, {8, 2304}}) {
       const int64_t T = shape.first, in = shape.second;  // plain names: clang 14 cannot capture bindings
       if (in % layout.group_size != 0) continue;
       const int64_t out = 67;
@@ -127,6 +132,80 @@ void add_linear_quantized(std::vector<Case>& cases) {
                          r.dut.embedding(r.put(ids), put_weight(r, w), e);
                          r.compare("embedding", e, e_ref, 0.0);
                        }});
+    }
+  }
+}
+
+// The tensor-core GEMV (dense bf16, affine 4/8-bit, in a multiple of 64): one-mma token counts
+// (1, 2: token × piece columns) and one mma per piece (3, 5, 8); rows past its 16- and 32-row tiles;
+// rows of one group up to many groups split across warps (in = 4096 + 64 and more); f16 and f32
+// scales. "wide x" rows mix magnitudes from 1e-3 to 1e4, which only an exact split of the
+// activations into bf16 pieces keeps within tolerance (one bf16 rounding would cost ~1e-3).
+Tensor wide_range_x(Rng& rng, int64_t T, int64_t in) {
+  Tensor x = host_tensor(DType::f32, {T, in});
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = rng.normal() * std::pow(10.0f, rng.uniform(-3.0f, 4.0f));
+  return x;
+}
+
+// w with its affine scales and biases stored as `dtype` (the values of the bf16 ones, which f16 and f32 hold).
+Weight with_scale_dtype(const Weight& w, DType dtype) {
+  if (dtype == DType::bf16) return w;
+  Weight out = w;
+  auto convert = [&](const Tensor& bf16) {
+    Tensor t = host_tensor(dtype, bf16.shape);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const float v = bf16_to_f32(bf16.ptr<uint16_t>()[i]);
+      if (dtype == DType::f32) t.ptr<float>()[i] = v;
+      else t.ptr<uint16_t>()[i] = f32_to_f16(v);
+    }
+    return t;
+  };
+  out.scales = convert(w.scales);
+  out.biases = convert(w.biases);
+  return out;
+}
+
+void add_linear_mma(std::vector<Case>& cases) {
+  struct Shape {
+    int64_t T, in, out;
+    bool wide;
+  };
+  const Shape shapes[] = {{1, 64, 7, false},     {2, 128, 33, false},  {3, 640, 45, true},    {5, 256, 16, false},
+                          {8, 4160, 50, true},   {1, 4224, 97, true},  {2, 1024, 31, true},   {8, 128, 1, false},
+                          {5, 4160, 64, false},  {3, 4224, 19, false}};
+  for (const Shape s : shapes) {
+    cases.push_back({"linear", fmt::format("mma bf16 T={} in={} out={}{}", s.T, s.in, s.out, s.wide ? " wide x" : ""),
+                     [=](Run& r) {
+                       Tensor x = s.wide ? wide_range_x(r.rng, s.T, s.in) : random_tensor(r.rng, DType::f32, {s.T, s.in});
+                       Tensor w = random_tensor(r.rng, DType::bf16, {s.out, s.in}, 0.5f);
+                       Tensor y_ref = host_tensor(DType::f32, {s.T, s.out});
+                       r.ref.linear(x, w, y_ref);
+                       Tensor y = r.dut.alloc(DType::f32, {s.T, s.out});
+                       r.dut.linear(r.put(x), r.put(w), y);
+                       r.compare("y", y, y_ref, kTol);
+                     }});
+  }
+  constexpr DType kScaleTypes[] = {DType::bf16, DType::f16, DType::f32};
+  for (int bits : {4, 8}) {
+    for (int group : {32, 64, 128}) {
+      const quant::Layout layout{quant::Mode::affine, bits, group};
+      int n = 0;
+      for (const Shape s : shapes) {
+        if (s.in % group != 0) continue;
+        const DType scale_type = kScaleTypes[n++ % 3];
+        cases.push_back({"linear", fmt::format("mma affine {}-bit g{} {} scales T={} in={} out={}{}", bits, group,
+                                               name(scale_type), s.T, s.in, s.out, s.wide ? " wide x" : ""),
+                         [=](Run& r) {
+                           Tensor x = s.wide ? wide_range_x(r.rng, s.T, s.in)
+                                             : random_tensor(r.rng, DType::f32, {s.T, s.in});
+                           Weight w = with_scale_dtype(random_quantized(r.rng, layout, {s.out, s.in}), scale_type);
+                           Tensor y_ref = host_tensor(DType::f32, {s.T, s.out});
+                           r.ref.linear(x, w, y_ref);
+                           Tensor y = r.dut.alloc(DType::f32, {s.T, s.out});
+                           r.dut.linear(r.put(x), put_weight(r, w), y);
+                           r.compare("y", y, y_ref, kTol);
+                         }});
+      }
     }
   }
 }
@@ -262,18 +341,36 @@ void add_elementwise(std::vector<Case>& cases) {
                    }});
 }
 
+// Prefill batches may run on TF32 tensor cores (11-bit operands, f32 accumulation): with unit-normal
+// q, k, v the output's relative RMS error is 3-4e-4 (a host emulation of the kernel), so 2e-3.
+constexpr double kTf32Tol = 2e-3;
+
 // kv_store then attention over a shuffled paged pool whose other slots hold random data.
 void add_attention(std::vector<Case>& cases) {
-  struct Shape { int64_t heads, kv_heads, head_dim; int32_t block_size; std::vector<int32_t> lens, cached; };
+  struct Shape {
+    int64_t heads, kv_heads, head_dim;
+    int32_t block_size;
+    std::vector<int32_t> lens, cached;
+    double tol = kTol;
+  };
   const std::vector<Shape> shapes = {
-      {8, 8, 64, 16, {1}, {0}},                          // first token
-      {4, 2, 64, 16, {1}, {37}},                         // decode, GQA 2
-      {8, 2, 128, 16, {1}, {700}},                       // decode, GQA 4, key-split path
-      {6, 3, 32, 4, {3}, {1100}},                        // several splits, small pages
-      {2, 1, 20, 7, {5, 1, 9}, {3, 0, 30}},              // odd head_dim and page size, varlen
-      {8, 2, 64, 16, {33, 17, 1, 64}, {0, 40, 100, 3}},  // prefill blocks + decode in one batch
-      {4, 4, 16, 5, {0, 6}, {5, 2}},                     // an empty sequence
-      {4, 1, 256, 32, {2, 1}, {1000, 1500}},             // head_dim 256, GQA 4
+      {8, 8, 64, 16, {1}, {0}},                                    // first token
+      {4, 2, 64, 16, {1}, {37}},                                   // decode, GQA 2
+      {8, 2, 128, 16, {1}, {700}},                                 // decode, GQA 4, key-split path
+      {6, 3, 32, 4, {3}, {1100}},                                  // several splits, small pages
+      {2, 1, 20, 7, {5, 1, 9}, {3, 0, 30}},                        // odd head_dim and page size, varlen
+      {8, 2, 64, 16, {33, 17, 1, 64}, {0, 40, 100, 3}, kTf32Tol},  // prefill blocks + decode in one batch
+      {4, 4, 16, 5, {0, 6}, {5, 2}},                               // an empty sequence
+      {4, 1, 256, 32, {2, 1}, {1000, 1500}},                       // head_dim 256, GQA 4
+      {8, 8, 32, 16, {40, 3}, {0, 9}},                             // prefill of a head_dim without MMA kernel
+      // Prefill (tensor-core path where the backend has one): partial last tiles, cached prefixes,
+      // page-spanning key tiles with odd page sizes, decode rows in the same batch.
+      {32, 8, 128, 16, {300}, {0}, kTf32Tol},                      // GQA 4, T not a tile multiple
+      {16, 2, 128, 16, {77, 130, 1}, {50, 0, 400}, kTf32Tol},      // GQA 8, cached prefixes
+      {8, 2, 128, 5, {70, 20, 3}, {13, 0, 200}, kTf32Tol},         // 5-token pages
+      {16, 4, 256, 16, {100, 37}, {20, 300}, kTf32Tol},            // head_dim 256, GQA 4
+      {8, 1, 256, 7, {50, 9}, {33, 0}, kTf32Tol},                  // head_dim 256, GQA 8, 7-token pages
+      {4, 4, 64, 16, {129}, {0}, kTf32Tol},                        // no GQA
   };
   for (const Shape& s : shapes) {
     cases.push_back({"attention",
@@ -316,7 +413,7 @@ void add_attention(std::vector<Case>& cases) {
                        r.ref.attention(q, pool, layout, scale, out_ref);
                        Tensor out = r.dut.alloc(DType::f32, {T, s.heads, s.head_dim});
                        r.dut.attention(r.put(q), pool_dut, layout, scale, out);
-                       r.compare("out", out, out_ref, kTol);
+                       r.compare("out", out, out_ref, s.tol);
                      }});
   }
 }
@@ -483,6 +580,7 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   add_linear(cases);
   add_linear_quantized(cases);
+  add_linear_mma(cases);
   add_embedding(cases);
   add_norms(cases);
   add_rope(cases);

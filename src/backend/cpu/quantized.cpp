@@ -1,5 +1,6 @@
-// MLX-quantized weights on the cpu backend: each output row is dequantized once per call into a
-// thread-local buffer and dotted with every token row (decode reads the packed bytes once).
+// MLX-quantized weights on the cpu backend. Affine 4/8-bit rows are dotted straight from their
+// codes (quantized_kernels.h); other formats, and prefill, dequantize each output row once per call
+// into a thread-local buffer and dot it with every token row (the packed bytes are read once).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -21,60 +22,84 @@ void check_quantized(std::string_view op, std::string_view arg, const Weight& w,
 
 namespace {
 
-// Affine 4/8-bit rows have a direct AVX-512 or AVX2 dot (no dequantized row): the lanes of the
-// widest one this CPU and shape allow, 0 for none. Other formats dequantize a row into a thread-local
-// buffer and dot it with every token.
-int direct_dot_lanes(const Weight& w, int64_t in) {
-  if (w.layout.mode != quant::Mode::affine) return 0;
-  static const bool avx512 = cpu_has_avx512(), avx2 = cpu_has_avx2();
-  if (avx512 && affine_direct_supported(w.layout.bits, w.layout.group_size, in, 16)) return 16;
-  if (avx2 && affine_direct_supported(w.layout.bits, w.layout.group_size, in, 8)) return 8;
-  return 0;
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+// The direct affine kernel for this weight and row length: the widest one this CPU has whose
+// block divides `in`; null for other formats and shapes (and on the portable kernel table, which
+// must not run AVX code), which dequantize a row into a thread-local buffer instead.
+const AffineKernel* direct_kernel(const Context& ctx, const Weight& w, int64_t in) {
+  const quant::Layout& l = w.layout;
+  if (l.mode != quant::Mode::affine || (l.bits != 4 && l.bits != 8) || in % l.group_size != 0 ||
+      &ctx.k == &portable_kernels() || w.biases.dtype != w.scales.dtype ||
+      (w.scales.dtype != DType::f32 && w.scales.dtype != DType::bf16 && w.scales.dtype != DType::f16))
+    return nullptr;
+  static const AffineKernel* const widest[] = {cpu_has_avx512_vnni() ? &affine_kernel_avx512_vnni() : nullptr,
+                                               cpu_has_avx2() ? &affine_kernel_avx2() : nullptr};
+  for (const AffineKernel* k : widest)
+    if (k && in % (k->vector_lanes * 32 / l.bits) == 0) return k;
+  return nullptr;
+}
+
+// Decode: every token row prepared once for the kernel, then each weight row dotted with all of
+// them while its codes are in L1.
+void linear_direct(const Context& ctx, const AffineKernel& kernel, const Tensor& x, const Weight& w, Tensor& y) {
+  const int64_t T = x.dim(0), in = x.dim(1), out = y.dim(1);
+  const AffineShape shape{in, w.layout.bits, w.layout.group_size, w.scales.dtype};
+  // Token rows 64-byte aligned: the kernels read them in whole vectors. The buffer outlives the
+  // call so that a decode step does not allocate once per layer.
+  const int64_t stride = (affine_prepared_floats(in, shape.group_size) + 15) / 16 * 16;
+  thread_local std::vector<float> buffer;
+  buffer.resize(static_cast<size_t>(T * stride + 16));
+  float* prepared = buffer.data() + (16 - reinterpret_cast<uintptr_t>(buffer.data()) / 4 % 16) % 16;
+  ctx.parallel(T, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) kernel.prepare(x.ptr<float>() + t * in, shape, prepared + t * stride);
+  });
+  const AffineRowsDot dot = kernel.rows_dot(shape);
+  const int64_t words = w.codes.shape.back();
+  const size_t scale_bytes = storage_bytes(w.scales.dtype, static_cast<uint64_t>(in / shape.group_size));
+  const auto row_at = [&](int64_t o) {
+    return AffineRow{w.codes.ptr<uint32_t>() + o * words, static_cast<const char*>(w.scales.data) + o * scale_bytes,
+                     static_cast<const char*>(w.biases.data) + o * scale_bytes};
+  };
+  ctx.parallel(out, 8, [&](int64_t o0, int64_t o1) {
+    // The thread's rows as kAffineRows runs read side by side (row i of every run per call), then
+    // what is left one at a time.
+    const int64_t run = (o1 - o0) / kAffineRows;
+    AffineRow rows[kAffineRows];
+    float dots[kAffineRows];
+    for (int64_t i = 0; i < run; ++i) {
+      for (int r = 0; r < kAffineRows; ++r) rows[r] = row_at(o0 + r * run + i);
+      for (int64_t t = 0; t < T; ++t) {
+        dot(prepared + t * stride, shape, rows, kAffineRows, dots);
+        for (int r = 0; r < kAffineRows; ++r) y.ptr<float>()[t * out + o0 + r * run + i] = dots[r];
+      }
+    }
+    for (int64_t o = o0 + kAffineRows * run; o < o1; ++o) {
+      rows[0] = row_at(o);
+      for (int64_t t = 0; t < T; ++t) {
+        dot(prepared + t * stride, shape, rows, 1, dots);
+        y.ptr<float>()[t * out + o] = dots[0];
+      }
+    }
+  });
 }
 
 }  // namespace
-
-constexpr int64_t kPrefetchRows = 8;
 
 void linear_quantized(const Context& ctx, const Tensor& x, const Weight& w, Tensor& y) {
   const int64_t T = x.dim(0), in = x.dim(1), out = y.dim(1);
   // Each row's codes stay in L1 while every token reads them; past a few dozen tokens a dequantized
   // f32 row is cheaper to share.
-  const int lanes_per_vector = T <= 64 ? direct_dot_lanes(w, in) : 0;
-  const bool direct = lanes_per_vector > 0;
-  const int64_t groups = in / w.layout.group_size;
-  std::vector<float> lanes, group_sums;
-  if (direct) {
-    lanes.resize(static_cast<size_t>(T * in));
-    group_sums.resize(static_cast<size_t>(T * groups));
-    for (int64_t t = 0; t < T; ++t)
-      prepare_affine_input(x.ptr<float>() + t * in, in, w.layout.bits, w.layout.group_size, lanes_per_vector,
-                           lanes.data() + t * in, group_sums.data() + t * groups);
-  }
+  if (const AffineKernel* kernel = T <= 64 ? direct_kernel(ctx, w, in) : nullptr)
+    return linear_direct(ctx, *kernel, x, w, y);
   ctx.parallel(out, 8, [&](int64_t o0, int64_t o1) {
-    thread_local std::vector<float> row, scales, biases;
-    if (direct) {
-      scales.resize(static_cast<size_t>(groups) + 16);  // the AVX-512 kernel loads 16 scales at a time
-      biases.resize(static_cast<size_t>(groups));
-      const int64_t words = w.codes.shape.back();
-      for (int64_t o = o0; o < o1; ++o) {
-        const uint64_t at = static_cast<uint64_t>(o * groups);
-        ctx.k.to_f32(w.scales.dtype, static_cast<const char*>(w.scales.data) + storage_bytes(w.scales.dtype, at),
-                     scales.data(), groups);
-        ctx.k.to_f32(w.biases.dtype, static_cast<const char*>(w.biases.data) + storage_bytes(w.biases.dtype, at),
-                     biases.data(), groups);
-        const uint32_t* codes = w.codes.ptr<uint32_t>() + o * words;
-        // Codes of a row a few ahead, one prefetch per cache line: the dot is dense enough in compute
-        // that the hardware prefetcher alone leaves the core waiting on memory between rows.
-        if (o + kPrefetchRows < o1)
-          for (int64_t i = 0; i < words; i += 16) __builtin_prefetch(codes + kPrefetchRows * words + i);
-        const auto dot = lanes_per_vector == 16 ? affine_row_dot_avx512 : affine_row_dot_avx2;
-        for (int64_t t = 0; t < T; ++t)
-          y.ptr<float>()[t * out + o] = dot(lanes.data() + t * in, group_sums.data() + t * groups, codes,
-                                            scales.data(), biases.data(), in, w.layout.group_size, w.layout.bits);
-      }
-      return;
-    }
+    thread_local std::vector<float> row;
     row.resize(static_cast<size_t>(in));
     for (int64_t o = o0; o < o1; ++o) {
       w.row_f32(o, row.data());

@@ -10,7 +10,7 @@
 namespace qinfer::cpu {
 
 struct AffineShape {
-  int64_t in = 0;  // row length, a whole number of the kernel's blocks (affine_direct_supported)
+  int64_t in = 0;  // row length, a whole number of the kernel's blocks of vector_lanes·32/bits codes
   int bits = 4;    // 4 or 8
   int group_size = 64;
   DType scale_dtype = DType::bf16;  // scales and biases: f32, bf16 or f16
@@ -23,11 +23,19 @@ struct AffineRow {
   const void* biases;
 };
 
+// dots[r] = Σ_j x[j] · (s_g·q_j + b_g) over rows[r], r < count ≤ kAffineRows, from the activation
+// row as `prepare` left it. Rows are taken kAffineRows at a time so that the activation passes
+// through L1 once for all of them, and so that rows from far apart in the weight make separate
+// streams for the hardware prefetcher: one stream per core leaves DRAM idle while the core computes.
+constexpr int kAffineRows = 4;
+using AffineRowsDot = void (*)(const float* prepared, const AffineShape& shape, const AffineRow* rows, int count,
+                               float* dots);
+
 struct AffineKernel {
   int vector_lanes;  // 32-bit lanes of one vector of packed words: 8 (AVX2) or 16 (AVX-512)
-  // `prepared` holds affine_prepared_floats(in, group_size) floats per activation row.
+  // `prepared` holds affine_prepared_floats(in, group_size) floats, 64-byte aligned.
   void (*prepare)(const float* x, const AffineShape& shape, float* prepared);
-  float (*row_dot)(const float* prepared, const AffineShape& shape, const AffineRow& row);
+  AffineRowsDot (*rows_dot)(const AffineShape& shape);  // the inner loop for this bit width and scale type
 };
 
 // The activation in a kernel's own layout (at most `in` floats), then Σx of each group.

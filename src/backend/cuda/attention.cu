@@ -1,11 +1,12 @@
 // Paged KV: storing a batch's keys / values, and causal GQA attention over the pool.
 //
-// One kernel serves prefill and decode, flash-attention style: a block takes a tile of up to 32
-// query rows of one sequence and kv head (rows = the sequence's tokens × the group's query heads, so
-// GQA heads share every key / value tile they load), walks the keys in tiles of 32 through shared
-// memory with an online softmax, and masks each row at its own causal limit. For decode-sized
-// batches the keys of a tile are split among `splits` blocks (flash-decoding) and a second kernel
-// merges their partial results.
+// The f32 CUDA-core kernel, flash-attention style, for decode and small batches: a block takes a
+// tile of up to 32 query rows of one sequence and kv head (rows = the sequence's tokens × the group's
+// query heads, so GQA heads share every key / value tile they load), walks the keys in tiles of 32
+// through shared memory with an online softmax, and masks each row at its own causal limit. For
+// decode-sized batches the keys of a tile are split among `splits` blocks (flash-decoding) and a
+// second kernel merges their partial results. Decode is bound by reading the pool, so f32
+// arithmetic costs nothing there; prefill goes to attention_mma.cu's tensor cores (see launch.h).
 #include "backend/cuda/common.cuh"
 
 namespace qinfer::cuda {

@@ -13,12 +13,15 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <unordered_map>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/launch.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
 
 namespace qinfer::cuda {
 namespace {
@@ -164,6 +167,11 @@ class IndexUpload {
     return device_;
   }
 
+  // Within a recorded step (CudaOps::stage): the values staged last in step `step`, and where.
+  uint64_t step = 0;
+  std::vector<int32_t> step_values;
+  const int32_t* step_device = nullptr;
+
  private:
   std::vector<int32_t> host_;
   int32_t* device_ = nullptr;
@@ -224,20 +232,42 @@ class CudaOps final : public Ops {
     check_cublas(cublasCreate(&cublas_), "cublasCreate");
     check_cublas(cublasSetStream(cublas_, stream()), "cublasSetStream");
     bf16_gemm_ = std::make_unique<Bf16Gemm>();
+    // QINFER_CUDA_GRAPHS=0 runs every step as is (to compare, or to profile kernel by kernel).
+    const char* graphs = std::getenv("QINFER_CUDA_GRAPHS");
+    graphs_enabled_ = graphs == nullptr || std::string_view(graphs) != "0";
   }
 
   ~CudaOps() override {
     cudaSetDevice(stream_->device);
     cudaStreamSynchronize(stream());
+    recordings_.clear();
+    if (staging_host_) cudaFreeHost(staging_host_);
+    if (staging_device_) cudaFree(staging_device_);
+    if (replay_done_) cudaEventDestroy(replay_done_);
+    for (int i = 0; i < 2; ++i) {
+      if (upload_buffers_[i]) cudaFreeHost(upload_buffers_[i]);
+      if (upload_done_[i]) cudaEventDestroy(upload_done_[i]);
+    }
     if (cublas_) cublasDestroy(cublas_);
     if (status_) cudaFree(status_);
   }
 
   std::string_view name() const override { return "cuda"; }
+  std::optional<uint64_t> free_memory() const override {
+    enter();
+    size_t free = 0, total = 0;
+    QINFER_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
   Device device() const override { return Device::cuda; }
   cudaStream_t stream() const { return stream_->stream; }
 
-  Tensor alloc(DType dtype, std::vector<int64_t> shape) override {
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return allocate(dtype, std::move(shape), true); }
+  Tensor alloc_output(DType dtype, std::vector<int64_t> shape) override {
+    return allocate(dtype, std::move(shape), false);
+  }
+
+  Tensor allocate(DType dtype, std::vector<int64_t> shape, bool zero) {
     for (int64_t d : shape) QINFER_CHECK(d >= 0, "cuda alloc: negative dimension in shape {}", shape_str(shape));
     enter();
     Tensor t;
@@ -246,6 +276,13 @@ class CudaOps final : public Ops {
     t.device = Device::cuda;
     const uint64_t bytes = t.nbytes();
     if (bytes == 0) return t;
+    if (replaying()) {
+      // A stand-in address, never dereferenced: a replayed step launches nothing, but the ops'
+      // checks (e.g. that an output does not alias an input) still see distinct tensors.
+      placeholder_ += (bytes + 255) / 256 * 256;
+      t.data = reinterpret_cast<void*>(placeholder_);
+      return t;
+    }
     void* p = nullptr;
     const cudaError_t status = cudaMallocAsync(&p, bytes, stream());
     if (status != cudaSuccess) {
@@ -256,7 +293,49 @@ class CudaOps final : public Ops {
     std::shared_ptr<Stream> holder = stream_;
     t.owner = std::shared_ptr<void>(p, [holder](void* q) { cudaFreeAsync(q, holder->stream); });
     t.data = p;
-    QINFER_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
+    if (zero) QINFER_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
+    return t;
+  }
+
+  // Weights at load: chunks of the mapped files are copied (by the thread pool) into one of two
+  // pinned buffers while the other one's transfer runs; pageable memory would be staged by the
+  // driver one small piece at a time.
+  Tensor upload(DType dtype, std::vector<int64_t> shape, std::span<const std::span<const std::byte>> pieces) override {
+    QINFER_CHECK(mode_ == Mode::eager, "cuda upload: not inside a recorded step ({})", step_key_);
+    Tensor t = allocate(dtype, std::move(shape), false);
+    uint64_t total = 0;
+    for (const auto& piece : pieces) total += piece.size();
+    QINFER_CHECK(total == t.nbytes(), "cuda upload: {} bytes given for a {} tensor of {} bytes", total,
+                 qinfer::name(dtype), t.nbytes());
+    if (total == 0) return t;
+    if (!upload_buffers_[0]) {
+      for (int i = 0; i < 2; ++i) {
+        QINFER_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&upload_buffers_[i]), kUploadChunk, cudaHostAllocDefault));
+        QINFER_CUDA_CHECK(cudaEventCreateWithFlags(&upload_done_[i], cudaEventDisableTiming));
+        QINFER_CUDA_CHECK(cudaEventRecord(upload_done_[i], stream()));
+      }
+    }
+    ThreadPool& pool = global_thread_pool();
+    auto* dst = static_cast<char*>(t.data);
+    for (const auto& piece : pieces) {
+      for (uint64_t offset = 0; offset < piece.size();) {
+        const uint64_t n = std::min<uint64_t>(kUploadChunk, piece.size() - offset);
+        const int b = next_upload_buffer_;
+        next_upload_buffer_ ^= 1;
+        QINFER_CUDA_CHECK(cudaEventSynchronize(upload_done_[b]));  // its previous transfer is done
+        char* staging = upload_buffers_[b];
+        const std::byte* src = piece.data() + offset;
+        constexpr uint64_t kSlice = uint64_t{1} << 20;
+        pool.parallel_for((n + kSlice - 1) / kSlice, [&](size_t begin, size_t end) {
+          const uint64_t lo = begin * kSlice, hi = std::min<uint64_t>(n, end * kSlice);
+          std::memcpy(staging + lo, src + lo, hi - lo);
+        });
+        QINFER_CUDA_CHECK(cudaMemcpyAsync(dst, staging, n, cudaMemcpyHostToDevice, stream()));
+        QINFER_CUDA_CHECK(cudaEventRecord(upload_done_[b], stream()));
+        dst += n;
+        offset += n;
+      }
+    }
     return t;
   }
 
@@ -274,6 +353,14 @@ class CudaOps final : public Ops {
       std::memmove(dst.data, src.data, bytes);
       return;
     }
+    if (mode_ != Mode::eager) {
+      QINFER_CHECK(to_device, "cuda copy: a recorded step ({}) cannot copy device memory to the host", step_key_);
+      if (!from_device) {
+        stage(src.data, bytes, dst.data);
+        return;
+      }
+      if (replaying()) return;
+    }
     const cudaMemcpyKind kind = from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                                             : cudaMemcpyHostToDevice;
     QINFER_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, kind, stream()));
@@ -290,6 +377,7 @@ class CudaOps final : public Ops {
                  src.rank() == 2 ? src.dim(0) : -1, src.rank() == 2 ? src.dim(1) : -1, src_col,
                  dst.rank() == 2 ? dst.dim(0) : -1, dst.rank() == 2 ? dst.dim(1) : -1, dst_col, width);
     enter();
+    if (replaying()) return;
     const int64_t elem = bits(src.dtype) / 8;
     launch_copy_2d(static_cast<const char*>(src.data) + src_col * elem, src.dim(1) * elem,
                    static_cast<char*>(dst.data) + dst_col * elem, dst.dim(1) * elem, width * elem, src.dim(0),
@@ -303,6 +391,7 @@ class CudaOps final : public Ops {
     check_f32("embedding", "out", out, 2);
     check_shape("embedding", "out", out, {T, w.in});
     enter();
+    if (replaying()) return;
     launch_embedding(ids.ptr<int32_t>(), T, w, out.ptr<float>(), status_, stream());
   }
 
@@ -316,6 +405,7 @@ class CudaOps final : public Ops {
     check_shape("linear", "y", y, {T, out});
     check_distinct("linear", "y", y, "x", x);
     enter();
+    if (replaying()) return;
     if (T == 0 || out == 0) return;
     if (in == 0) {
       QINFER_CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), stream()));
@@ -330,6 +420,7 @@ class CudaOps final : public Ops {
     check_f32("rms_norm", "w", w, 1);
     check_shape("rms_norm", "w", w, {x.dim(1)});
     enter();
+    if (replaying()) return;
     launch_rms_norm(x.ptr<float>(), w.ptr<float>(), nullptr, eps, x.dim(0), x.dim(1), y.ptr<float>(), stream());
   }
 
@@ -340,6 +431,7 @@ class CudaOps final : public Ops {
     check_f32("rms_norm_gated", "w", w, 1);
     check_shape("rms_norm_gated", "w", w, {x.dim(1)});
     enter();
+    if (replaying()) return;
     launch_rms_norm(x.ptr<float>(), w.ptr<float>(), z.ptr<float>(), eps, x.dim(0), x.dim(1), y.ptr<float>(),
                     stream());
   }
@@ -347,6 +439,7 @@ class CudaOps final : public Ops {
   void l2_norm(const Tensor& x, float eps, float scale, Tensor& y) override {
     check_rows("l2_norm", x, y);
     enter();
+    if (replaying()) return;
     launch_l2_norm(x.ptr<float>(), eps, scale, x.dim(0), x.dim(1), y.ptr<float>(), stream());
   }
 
@@ -373,6 +466,7 @@ class CudaOps final : public Ops {
           1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
     }
     enter();
+    if (replaying()) return;
     launch_rope(x.ptr<float>(), positions.ptr<int32_t>(), T, heads, head_dim, half, table, stream());
   }
 
@@ -380,6 +474,7 @@ class CudaOps final : public Ops {
     check_same("silu_mul", "gate", gate, "up", up);
     check_same("silu_mul", "gate", gate, "out", out);
     enter();
+    if (replaying()) return;
     launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), out.ptr<float>(), gate.numel(), stream());
   }
 
@@ -389,12 +484,14 @@ class CudaOps final : public Ops {
     const bool per_row = x.rank() == 2 && gate.rank() == 2 && gate.dim(1) == 1 && x.dim(1) != 1;
     check_shape("sigmoid_mul", "gate", gate, per_row ? std::vector<int64_t>{x.dim(0), 1} : x.shape);
     enter();
+    if (replaying()) return;
     launch_sigmoid_mul(x.ptr<float>(), gate.ptr<float>(), x.numel(), per_row ? x.dim(1) : 1, stream());
   }
 
   void add(Tensor& x, const Tensor& y) override {
     check_same("add", "x", x, "y", y);
     enter();
+    if (replaying()) return;
     launch_add(x.ptr<float>(), y.ptr<float>(), x.numel(), stream());
   }
 
@@ -407,6 +504,7 @@ class CudaOps final : public Ops {
     check_attention_layout("kv_store", layout, T, pool.k.dim(0), false);
     enter();
     const AttentionArrays arrays = upload_attention(layout, 0);
+    if (replaying()) return;
     launch_kv_store(k.ptr<float>(), v.ptr<float>(), arrays.dst_rows, T, kv_heads * head_dim, pool.k.ptr<float>(),
                     pool.v.ptr<float>(), stream());
   }
@@ -431,20 +529,38 @@ class CudaOps final : public Ops {
     enter();
     if (T == 0 || heads == 0 || head_dim == 0) return;
     const int64_t group = heads / kv_heads;
-    const AttentionArrays arrays = upload_attention(layout, group);
-
-    // Few blocks and long keys (decode): divide each tile's keys among several blocks.
-    int64_t max_keys = 0;
+    int64_t max_len = 0, max_keys = 0;
     const auto& cu = layout.seqs.cu_seqlens;
-    for (int64_t s = 0; s < layout.seqs.num_seqs(); ++s)
-      if (cu[s + 1] > cu[s]) max_keys = std::max<int64_t>(max_keys, layout.cached[s] + cu[s + 1] - cu[s]);
+    for (int64_t s = 0; s < layout.seqs.num_seqs(); ++s) {
+      if (cu[s + 1] == cu[s]) continue;
+      max_len = std::max<int64_t>(max_len, cu[s + 1] - cu[s]);
+      max_keys = std::max<int64_t>(max_keys, layout.cached[s] + cu[s + 1] - cu[s]);
+    }
+    // Prefill: the tensor-core kernel, in its own tiles (it reads q and the pool as float4s).
+    const int64_t mma_rows = attention_mma_tile_rows(head_dim);
+    const auto address = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data); };
+    const bool aligned = (address(q) | address(out) | address(pool.k) | address(pool.v)) % 16 == 0;
+    if (mma_rows > 0 && max_len * group >= kAttentionMmaMinRows && aligned &&
+        attention_mma_shared_bytes(head_dim) <= max_shared_) {
+      const AttentionArrays arrays = upload_attention(layout, group, mma_rows);
+      if (replaying()) return;
+      launch_attention_mma(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, heads, kv_heads,
+                           head_dim, scale, out.ptr<float>(), stream());
+      return;
+    }
+    const AttentionArrays arrays = upload_attention(layout, group, kAttentionTileRows);
+    if (replaying()) return;
+
+    // Few blocks and long keys (decode): divide each tile's keys among several blocks. A recorded
+    // step plans for its block table's capacity (splits past a sequence's keys find none).
+    if (mode_ == Mode::capturing) max_keys = int64_t{layout.max_blocks} * layout.block_size;
     const int64_t blocks = arrays.num_tiles * kv_heads;
     int64_t splits = 1;
     if (blocks < 2 * sm_count_ && max_keys > 256) {
       splits = std::min<int64_t>({(2 * sm_count_ + blocks - 1) / blocks, (max_keys + 255) / 256, 64});
       while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
     }
-    Scratch partial(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0, stream());
+    Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
     launch_attention(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, T, heads, kv_heads, head_dim,
                      scale, static_cast<int>(splits), partial.as<float>(), out.ptr<float>(), stream());
   }
@@ -461,6 +577,7 @@ class CudaOps final : public Ops {
     QINFER_CHECK((E + 2 * k) * 4 <= static_cast<int64_t>(max_shared_),
                  "cuda moe_route: {} experts do not fit the router kernel's shared memory", E);
     enter();
+    if (replaying()) return;
     launch_moe_route(logits.ptr<float>(), T, E, k, renormalize, ids.ptr<int32_t>(), weights.ptr<float>(), stream());
   }
 
@@ -488,7 +605,8 @@ class CudaOps final : public Ops {
     check_shape("moe_experts", "out", out, {T, H});
     check_distinct("moe_experts", "out", out, "x", x);
     enter();
-    Scratch act(static_cast<size_t>(T * k * I) * sizeof(float), stream());
+    if (replaying()) return;
+    Scratch act = scratch(static_cast<size_t>(T * k * I) * sizeof(float));
     launch_moe_experts(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
                        act.as<float>(), out.ptr<float>(), status_, stream());
   }
@@ -506,6 +624,7 @@ class CudaOps final : public Ops {
     check_f32("gdn_gates", "dt_bias", dt_bias, 1);
     check_shape("gdn_gates", "dt_bias", dt_bias, {Hv});
     enter();
+    if (replaying()) return;
     launch_gdn_gates(a.ptr<float>(), b.ptr<float>(), A_log.ptr<float>(), dt_bias.ptr<float>(), T, Hv, g.ptr<float>(),
                      beta.ptr<float>(), stream());
   }
@@ -526,6 +645,7 @@ class CudaOps final : public Ops {
     check_layout("conv1d_causal", layout, T, conv_state.dim(0));
     enter();
     const SeqArrays arrays = upload_seqs(conv_layout_, layout, nullptr, nullptr);
+    if (replaying()) return;
     launch_conv1d_causal(x.ptr<float>(), w.ptr<float>(), arrays, T, C, K, conv_state.ptr<float>(), out.ptr<float>(),
                          stream());
   }
@@ -574,6 +694,7 @@ class CudaOps final : public Ops {
       (chunked ? chunked_seqs_ : recurrent_seqs_).push_back(static_cast<int32_t>(s));
     }
     const SeqArrays arrays = upload_seqs(delta_layout_, layout, &recurrent_seqs_, &chunked_seqs_);
+    if (replaying()) return;
     const int32_t* recurrent_list = arrays.token_seq + T;
     const int32_t* chunked_list = recurrent_list + recurrent_seqs_.size();
     launch_delta_rule_recurrent(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
@@ -582,6 +703,101 @@ class CudaOps final : public Ops {
     launch_delta_rule_chunked(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
                               arrays, chunked_list, static_cast<int64_t>(chunked_seqs_.size()), Hk, Hv, Dk, Dv,
                               state.ptr<float>(), out.ptr<float>(), stream());
+  }
+
+  // --- recorded steps (CUDA graphs) ---------------------------------------------------------------
+  // A key's first step runs as usual; its second is captured into a graph (kernels, memory nodes,
+  // and copies of the staged inputs from pinned memory) and launched; later ones re-run only the
+  // host side of the ops, which writes the step's inputs into the same pinned slots, and launch
+  // the graph: one launch per step instead of one per kernel.
+  void begin_step(const std::string& key) override {
+    QINFER_CHECK(mode_ == Mode::eager, "cuda: step '{}' begins inside step '{}'", key, step_key_);
+    if (!graphs_enabled_) return;
+    enter();
+    step_key_ = key;
+    if (!recordings_.count(key) && recordings_.size() >= kMaxRecordings) {
+      // Keys of caches that are gone never come back: drop the least recently used recording.
+      auto oldest = std::min_element(recordings_.begin(), recordings_.end(), [](const auto& a, const auto& b) {
+        return a.second->last_step < b.second->last_step;
+      });
+      if (oldest->second->exec) QINFER_CUDA_CHECK(cudaEventSynchronize(replay_done_));
+      recordings_.erase(oldest);
+    }
+    std::unique_ptr<Recording>& rec = recordings_[key];
+    if (!rec) rec = std::make_unique<Recording>();
+    recording_ = rec.get();
+    rec->last_step = ++step_serial_;
+    if (rec->failed) return;
+    if (rec->exec) {
+      // The pinned inputs of the previous replay are read by its graph: wait until it has run.
+      QINFER_CUDA_CHECK(cudaEventSynchronize(replay_done_));
+      start_step(Mode::replaying);
+      return;
+    }
+    if (rec->runs++ == 0) return;  // the first step of a key runs as is
+    if (!staging_host_) {
+      QINFER_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&staging_host_), kStagingBytes, cudaHostAllocDefault));
+      QINFER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&staging_device_), kStagingBytes));
+      QINFER_CUDA_CHECK(cudaEventCreateWithFlags(&replay_done_, cudaEventDisableTiming));
+    }
+    QINFER_CUDA_CHECK(cudaEventSynchronize(replay_done_));
+    // Relaxed: cuBLAS may allocate its workspace on a first call inside the capture.
+    QINFER_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed));
+    rec->staged.clear();
+    start_step(Mode::capturing);
+  }
+
+  Tensor end_step(Tensor output) override {
+    if (mode_ == Mode::eager) return output;
+    Recording& rec = *recording_;
+    if (mode_ == Mode::capturing) {
+      // The graph copies the output into memory it does not own, then frees all it allocated.
+      if (!rec.output.data || rec.output.shape != output.shape || rec.output.dtype != output.dtype) {
+        void* p = nullptr;
+        QINFER_CUDA_CHECK(cudaMalloc(&p, output.nbytes()));
+        rec.output = output;
+        rec.output.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+        rec.output.data = p;
+      }
+      QINFER_CUDA_CHECK(cudaMemcpyAsync(rec.output.data, output.data, output.nbytes(), cudaMemcpyDeviceToDevice, stream()));
+      output = Tensor();
+      cudaGraph_t graph = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(stream(), &graph);
+      mode_ = Mode::eager;
+      if (ended != cudaSuccess || graph == nullptr) {
+        cudaGetLastError();
+        rec.failed = true;
+        fail("cuda: recording step '{}' failed: {}", step_key_, cudaGetErrorString(ended));
+      }
+      const cudaError_t made = cudaGraphInstantiate(&rec.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      if (made != cudaSuccess) {
+        cudaGetLastError();
+        rec.exec = nullptr;
+        rec.failed = true;
+        fail("cuda: instantiating the graph of step '{}' failed: {}", step_key_, cudaGetErrorString(made));
+      }
+      log_debug("cuda: recorded step '{}' ({} staged inputs, {} bytes)", step_key_, rec.staged.size(), stage_offset_);
+    } else {
+      mode_ = Mode::eager;
+      QINFER_CHECK(stage_index_ == rec.staged.size(),
+                   "cuda: step '{}' staged {} inputs, its recording {}: the step does not repeat", step_key_,
+                   stage_index_, rec.staged.size());
+    }
+    QINFER_CUDA_CHECK(cudaGraphLaunch(rec.exec, stream()));
+    QINFER_CUDA_CHECK(cudaEventRecord(replay_done_, stream()));
+    return rec.output;
+  }
+
+  void abort_step() override {
+    if (mode_ == Mode::capturing) {
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(stream(), &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      recording_->failed = true;
+    }
+    mode_ = Mode::eager;
   }
 
   // Greedy rows without penalties are picked on the device (one id per row comes back); any other
@@ -620,6 +836,67 @@ class CudaOps final : public Ops {
  private:
   // Every op runs with this Ops' device current (the caller's thread may have another one).
   void enter() const { QINFER_CUDA_CHECK(cudaSetDevice(stream_->device)); }
+
+  enum class Mode { eager, capturing, replaying };
+
+  // One recorded step: the graph, where it leaves its output, and the staged inputs in order.
+  struct Recording {
+    cudaGraphExec_t exec = nullptr;
+    Tensor output;
+    std::vector<std::pair<size_t, size_t>> staged;  // (offset, bytes) in the staging buffers
+    int runs = 0;          // steps begun so far
+    uint64_t last_step = 0;  // step_serial_ when last begun
+    bool failed = false;   // recording failed once: the key runs as is from now on
+    ~Recording() {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+  };
+
+  bool replaying() const { return mode_ == Mode::replaying; }
+
+  void start_step(Mode mode) {
+    mode_ = mode;
+    ++step_serial_;
+    stage_index_ = 0;
+    stage_offset_ = 0;
+    placeholder_ = 0x100000;
+  }
+
+  // Puts `bytes` of host data where a step's kernels read it: into the pinned staging buffer, from
+  // which the recording copies it to `device_dst` (default: the device staging buffer at the same
+  // offset) when it runs. Returns the device address.
+  void* stage(const void* data, size_t bytes, void* device_dst = nullptr) {
+    const size_t offset = (stage_offset_ + 15) / 16 * 16;
+    QINFER_CHECK(offset + bytes <= kStagingBytes, "cuda: step '{}' stages more than {} bytes of inputs", step_key_,
+                 kStagingBytes);
+    std::memcpy(staging_host_ + offset, data, bytes);
+    stage_offset_ = offset + bytes;
+    void* dst = device_dst ? device_dst : staging_device_ + offset;
+    if (mode_ == Mode::capturing) {
+      recording_->staged.emplace_back(offset, bytes);
+      QINFER_CUDA_CHECK(cudaMemcpyAsync(dst, staging_host_ + offset, bytes, cudaMemcpyHostToDevice, stream()));
+    } else {
+      QINFER_CHECK(stage_index_ < recording_->staged.size() &&
+                       recording_->staged[stage_index_] == std::make_pair(offset, bytes),
+                   "cuda: step '{}' stages its inputs differently from its recording", step_key_);
+    }
+    ++stage_index_;
+    return dst;
+  }
+
+  // An index array on the device: uploaded when it changes, or staged inside a recorded step
+  // (once per step while it stays the same, as a step's layers share their layout).
+  const int32_t* upload(IndexUpload& cache, const std::vector<int32_t>& values) {
+    if (mode_ == Mode::eager) return cache.get(values, stream());
+    if (cache.step == step_serial_ && cache.step_values == values) return cache.step_device;
+    cache.step = step_serial_;
+    cache.step_values = values;
+    cache.step_device = static_cast<const int32_t*>(stage(values.data(), values.size() * sizeof(int32_t)));
+    return cache.step_device;
+  }
+
+  // Work memory for one op; none in a replayed step, which launches nothing.
+  Scratch scratch(size_t bytes) { return Scratch(replaying() ? 0 : bytes, stream()); }
 
   // Waits for the stream, then throws if a kernel reported a bad index.
   void synchronize() {
@@ -740,7 +1017,7 @@ class CudaOps final : public Ops {
       return;
     }
     const size_t x_bytes = static_cast<size_t>(T * in) * 2;
-    Scratch x_pair(2 * x_bytes, stream());
+    Scratch x_pair = scratch(2 * x_bytes);
     void* x_hi = x_pair.as<char>();
     void* x_lo = x_pair.as<char>() + x_bytes;
     launch_to_bf16_pair(x, T * in, x_hi, x_lo, stream());
@@ -751,7 +1028,7 @@ class CudaOps final : public Ops {
     }
     const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchElements) / in, 1, out);
     const size_t w_bytes = static_cast<size_t>(chunk * in) * 2;
-    Scratch w_pair(2 * w_bytes, stream());
+    Scratch w_pair = scratch(2 * w_bytes);
     void* w_hi = w_pair.as<char>();
     void* w_lo = w_pair.as<char>() + w_bytes;
     for (int64_t row0 = 0; row0 < out; row0 += chunk) {
@@ -764,8 +1041,9 @@ class CudaOps final : public Ops {
   }
 
   // The layout of an attention batch on the device: [cu_seqlens | cached | block_table | dst_rows],
-  // and with group > 0 the query tiles for that GQA group size.
-  AttentionArrays upload_attention(const AttentionLayout& layout, int64_t group) {
+  // and with group > 0 the query tiles of `tile_rows` rows for that GQA group size.
+  AttentionArrays upload_attention(const AttentionLayout& layout, int64_t group,
+                                   int64_t tile_rows = kAttentionTileRows) {
     const int64_t S = layout.seqs.num_seqs();
     const auto& cu = layout.seqs.cu_seqlens;
     blob_.clear();
@@ -779,7 +1057,7 @@ class CudaOps final : public Ops {
         blob_.push_back(static_cast<int32_t>(block * layout.block_size + position % layout.block_size));
       }
     }
-    const int32_t* base = attention_layout_.get(blob_, stream());
+    const int32_t* base = upload(attention_layout_, blob_);
     AttentionArrays arrays;
     arrays.cu_seqlens = base;
     arrays.cached = base + (S + 1);
@@ -791,14 +1069,14 @@ class CudaOps final : public Ops {
       tiles_.clear();
       for (int64_t s = 0; s < S; ++s) {
         const int64_t rows = (cu[s + 1] - cu[s]) * group;
-        for (int64_t r0 = 0; r0 < rows; r0 += kAttentionTileRows) {
+        for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
           tiles_.push_back(static_cast<int32_t>(s));
           tiles_.push_back(static_cast<int32_t>(r0));
         }
       }
       QINFER_CHECK(tiles_.size() / 2 <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
                    "cuda attention: the batch has too many query tiles");
-      arrays.tiles = attention_tiles_.get(tiles_, stream());
+      arrays.tiles = upload(attention_tiles_, tiles_);
       arrays.num_tiles = static_cast<int64_t>(tiles_.size() / 2);
     }
     return arrays;
@@ -816,7 +1094,7 @@ class CudaOps final : public Ops {
       for (int64_t t = cu[s]; t < cu[s + 1]; ++t) blob_.push_back(static_cast<int32_t>(s));
     for (const auto* list : {list_a, list_b})
       if (list) blob_.insert(blob_.end(), list->begin(), list->end());
-    const int32_t* base = cache.get(blob_, stream());
+    const int32_t* base = upload(cache, blob_);
     SeqArrays arrays;
     arrays.cu_seqlens = base;
     arrays.state_slot = base + (S + 1);
@@ -832,6 +1110,24 @@ class CudaOps final : public Ops {
   int sm_count_ = 0;
   size_t max_shared_ = 0;
   IndexUpload attention_layout_, attention_tiles_, conv_layout_, delta_layout_;
+  // Recorded steps.
+  static constexpr size_t kStagingBytes = size_t{16} << 20;
+  static constexpr size_t kMaxRecordings = 64;
+  bool graphs_enabled_ = true;
+  Mode mode_ = Mode::eager;
+  std::string step_key_;
+  std::unordered_map<std::string, std::unique_ptr<Recording>> recordings_;
+  Recording* recording_ = nullptr;
+  uint64_t step_serial_ = 0;
+  size_t stage_index_ = 0, stage_offset_ = 0;
+  uintptr_t placeholder_ = 0;
+  static constexpr uint64_t kUploadChunk = uint64_t{64} << 20;
+  char* upload_buffers_[2] = {nullptr, nullptr};  // pinned
+  cudaEvent_t upload_done_[2] = {nullptr, nullptr};
+  int next_upload_buffer_ = 0;
+  char* staging_host_ = nullptr;    // pinned
+  char* staging_device_ = nullptr;
+  cudaEvent_t replay_done_ = nullptr;
   std::vector<int32_t> blob_, tiles_, recurrent_seqs_, chunked_seqs_;
 };
 

@@ -37,7 +37,7 @@ struct WeightView {
 // --- linear.cu ---------------------------------------------------------------------------------
 // Token counts up to this go through the fused GEMV kernels; more through dequantize + GEMM.
 constexpr int64_t kGemvMaxTokens = 8;
-// y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens: one warp per weight row, f32 accumulation.
+// y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens: each warp a tile of rows × all T tokens, f32 accumulation.
 void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream);
 // out[r, :] = w row (row0 + r) as f32, for r < rows; bit-exact with Weight::row_f32.
 void launch_dequantize_rows(const WeightView& w, int64_t row0, int64_t rows, float* out, cudaStream_t stream);
@@ -104,6 +104,16 @@ int64_t attention_partial_floats(int64_t splits, int64_t T, int64_t heads, int64
 void launch_attention(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                       int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int splits,
                       float* partial, float* out, cudaStream_t stream);
+// Prefill on the tensor cores (attention_mma.cu, TF32 MMA): for batches where some sequence has at
+// least kAttentionMmaMinRows query rows (len · group) and head_dim has a kernel (tile rows > 0).
+// `layout.tiles` must then be cut into attention_mma_tile_rows(head_dim) rows per tile; decode-sized
+// batches stay on launch_attention, whose key splits suit them better.
+constexpr int64_t kAttentionMmaMinRows = 64;
+int64_t attention_mma_tile_rows(int64_t head_dim);  // 0: no tensor-core kernel for head_dim
+size_t attention_mma_shared_bytes(int64_t head_dim);
+void launch_attention_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                          cudaStream_t stream);
 
 // --- moe.cu ------------------------------------------------------------------------------------
 void launch_moe_route(const float* logits, int64_t T, int64_t E, int64_t k, bool renormalize, int32_t* ids,

@@ -5,8 +5,17 @@
 //   row_dot<kMaxT, kVec>  a warp's partial dot products of one row with up to kMaxT activation rows
 //                         (each lane sums a strided share; the caller reduces across the warp);
 //   vectorizable(w)       whether the row reads may use 16-byte loads (alignment checked on the host).
+// and, for the formats the decode GEMV reads in tiles (kTile: dense, whole-word MLX codes),
+//   unit: kUnitWords words of one row that one lane loads at once, kUnit (a multiple of 4) elements
+//         inside one scale group; tileable(w) says whether the view's rows hold whole aligned units;
+//   decode4(raw, c, v)    elements 4c..4c+3 of a unit: dense values, affine codes as exact integers q,
+//                         fp codes decoded without their scale (kCombine says what the caller adds);
+//   unit_scale(w, row, j) the group scale (and affine bias) of element j.
 // dispatch(w, f) calls f(Format{}) for the view's format: the one switch over formats.
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/formats.cuh"
@@ -41,6 +50,41 @@ __device__ __forceinline__ void fma4(float (&acc)[kMaxT], float w0, float w1, fl
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// How a tile's per-unit partial dot Σ v·x becomes the output: dense values are the weights; fp
+// codes are scaled by their group (s·Σe·x); affine codes q give s·Σq·x + b·Σx, so the inner loop is
+// one FMA per element and the scale and bias are applied once per unit.
+enum class Combine { plain, scaled, affine };
+struct GroupScale {
+  float scale, bias;
+};
+
+// One unit of kWords words (4, 8 or 16 bytes, aligned to its size) in one load.
+template <int kWords>
+__device__ __forceinline__ void load_unit(const uint32_t* p, uint32_t (&raw)[kWords]) {
+  if constexpr (kWords == 4) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    raw[0] = v.x, raw[1] = v.y, raw[2] = v.z, raw[3] = v.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    raw[0] = v.x, raw[1] = v.y;
+  } else {
+    static_assert(kWords == 1);
+    raw[0] = __ldg(p);
+  }
+}
+
+// The kBits-bit code at `bit` of `word` as an exact float. The code is OR-ed into the mantissa of
+// 2^(23−b) (b its offset in its 16-bit half), where one mantissa step is 1, and 2^(23−b) is
+// subtracted: a mask and an add, where shift + mask + int-to-float would take a slow conversion.
+template <int kBits>
+__device__ __forceinline__ float code_as_float(uint32_t word, int bit) {
+  const uint32_t half = bit >= 16 ? word >> 16 : word;
+  const int b = bit & 15;
+  static_assert(kBits <= 8, "b + kBits stays below 23 mantissa bits");
+  const uint32_t magic = static_cast<uint32_t>(150 - b) << 23;  // 2^(23−b)
+  return __uint_as_float(magic | (half & (((1u << kBits) - 1u) << b))) - __uint_as_float(magic);
+}
+
 // --- dense ---------------------------------------------------------------------------------------
 
 struct F32Elem {
@@ -62,6 +106,37 @@ struct Dense {
   static constexpr int kPerUnit = 16 / static_cast<int>(sizeof(Storage));  // elements per 16-byte load
 
   static bool vectorizable(const WeightView& w) { return aligned16(w.data) && w.in % kPerUnit == 0; }
+
+  // Tiles: four elements per unit (one float4 of x per token, so a warp's x reads are contiguous).
+  static constexpr bool kTile = true;
+  static constexpr int kUnit = 4;
+  static constexpr int kUnitWords = kUnit * static_cast<int>(sizeof(Storage)) / 4;
+  static constexpr Combine kCombine = Combine::plain;
+  static bool tileable(const WeightView& w) {
+    return reinterpret_cast<uintptr_t>(w.data) % (kUnitWords * 4) == 0 && w.in % kUnit == 0;
+  }
+  __device__ static const uint32_t* row_words(const WeightView& w, int64_t row) {
+    return reinterpret_cast<const uint32_t*>(static_cast<const Storage*>(w.data) + row * w.in);
+  }
+  __device__ static void decode4(const uint32_t (&raw)[kUnitWords], int, float (&v)[4]) {
+    if constexpr (sizeof(Storage) == 4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = __uint_as_float(raw[k]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if constexpr (std::is_same_v<Elem, Bf16Elem>) {
+          v[2 * i] = __uint_as_float(raw[i] << 16);
+          v[2 * i + 1] = __uint_as_float(raw[i] & 0xFFFF0000u);
+        } else {
+          // The hardware conversion: f16 → f32 is exact, so it agrees with F16::decode but for NaN payloads.
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw[i]));
+          v[2 * i] = f.x;
+          v[2 * i + 1] = f.y;
+        }
+      }
+    }
+  }
 
   __device__ static float element(const WeightView& w, int64_t row, int64_t j) {
     return Elem::decode(__ldg(static_cast<const Storage*>(w.data) + row * w.in + j));
@@ -122,11 +197,32 @@ struct Quant {
   static constexpr uint32_t kMask = (1u << kBits) - 1u;
   static constexpr bool kWholeWords = 32 % kBits == 0;  // codes never straddle words
 
-  struct Group {
-    float scale, bias;
-  };
+  using Group = GroupScale;
 
   static bool vectorizable(const WeightView& w) { return !kWholeWords || (aligned16(w.data) && w.row_words % 4 == 0); }
+
+  // Tiles: one code word per unit; a unit is inside one group when groups hold whole words.
+  static constexpr bool kTile = kWholeWords;
+  static constexpr int kUnitWords = 1;
+  static constexpr int kUnit = 32 / kBits;
+  static constexpr Combine kCombine = kMode == quant::Mode::affine ? Combine::affine : Combine::scaled;
+  static bool tileable(const WeightView& w) { return w.group_size >= kUnit && w.in % kUnit == 0; }
+  __device__ static const uint32_t* row_words(const WeightView& w, int64_t row) {
+    return static_cast<const uint32_t*>(w.data) + row * w.row_words;
+  }
+  __device__ static void decode4(const uint32_t (&raw)[1], int c, float (&v)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int bit = (4 * c + k) * kBits;
+      if constexpr (kMode == quant::Mode::affine) {
+        v[k] = code_as_float<kBits>(raw[0], bit);
+      } else if constexpr (kMode == quant::Mode::mxfp8) {
+        v[k] = format::E4M3::decode((raw[0] >> bit) & kMask);
+      } else {
+        v[k] = format::E2M1::decode((raw[0] >> bit) & kMask);
+      }
+    }
+  }
 
   // Group g (a flat index into [rows, groups]) as quant::decode_scale decodes it.
   __device__ static Group group(const WeightView& w, int64_t g) {
@@ -138,6 +234,10 @@ struct Quant {
     } else {
       return {format::E8M0::decode(__ldg(static_cast<const unsigned char*>(w.scales) + g)), 0.0f};
     }
+  }
+
+  __device__ static Group unit_scale(const WeightView& w, int64_t row, int64_t j) {
+    return group(w, row * (w.in >> w.group_shift) + (j >> w.group_shift));
   }
 
   // scale·q + bias (affine) or element·scale, rounded as the host rounds (no fused multiply-add).

@@ -1,0 +1,338 @@
+// Prefill attention on the tensor cores: causal paged GQA flash attention with TF32 mma.sync
+// (m16n8k8, f32 accumulation) for both Q·Kᵀ and P·V.
+//
+// A block takes a tile of query rows of one sequence and kv head (rows = tokens × the group's query
+// heads, as in attention.cu, so the group shares every key / value tile) and walks the keys in tiles
+// of kKeys through a double-buffered cp.async pipeline. Each warp owns 16 query rows: its S tile and
+// its output rows stay in registers (the FA2 split), the softmax is online in f32, and P goes from
+// the accumulator layout straight into the A operand (no shuffles) by reading the key dimension of
+// the P·V product in a permuted order that V's B fragments follow. Operands are rounded to TF32
+// (cvt.rna) where they enter an MMA; Q is pre-scaled by scale·log2(e) so the softmax uses exp2.
+#include <limits>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+
+namespace qinfer::cuda {
+namespace {
+
+// Per head_dim: warps (16 query rows each), keys per tile, and whether the warp's Q fragments live in
+// registers (head_dim ≤ 128) or are re-read from shared memory (256: registers go to the outputs).
+template <int HD>
+struct MmaConfig;
+template <>
+struct MmaConfig<64> {
+  static constexpr int kWarps = 8, kKeys = 64;
+  static constexpr bool kQInRegs = true;
+};
+template <>
+struct MmaConfig<128> {
+  static constexpr int kWarps = 8, kKeys = 64;
+  static constexpr bool kQInRegs = true;
+};
+template <>
+struct MmaConfig<256> {
+  static constexpr int kWarps = 4, kKeys = 32;
+  static constexpr bool kQInRegs = false;
+};
+
+template <int HD>
+struct MmaShape {
+  static constexpr int kWarps = MmaConfig<HD>::kWarps, kKeys = MmaConfig<HD>::kKeys;
+  static constexpr bool kQInRegs = MmaConfig<HD>::kQInRegs;
+  static constexpr int kThreads = kWarps * kWarp, kRows = kWarps * 16;
+  // Pitches in floats. K and Q are read as float4 per lane (8-lane phases cover rows g, g+1): a pitch
+  // ≡ 16 (mod 32) puts the two rows in opposite bank halves. V is read one float per lane at rows
+  // 2·tig(+1), columns g: a pitch ≡ 4 (mod 32) spreads the 32 lanes over 32 banks.
+  static constexpr int kKPitch = HD + 16, kVPitch = HD + 4, kQPitch = HD + 16;
+  static constexpr int kStageFloats = kKeys * (kKPitch + kVPitch);
+  static constexpr int kQFloats = kQInRegs ? 0 : kRows * kQPitch;
+  static constexpr size_t kSharedBytes = sizeof(float) * (kQFloats + 2 * kStageFloats);
+  static constexpr int kChunksPerRow = HD / 4;  // 16-byte cp.async chunks of one key row
+  static_assert(kThreads % kChunksPerRow == 0, "each thread copies a fixed column of key rows");
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kKeys % kRowsPerPass == 0, "a key tile is whole copy passes");
+};
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += a·b for one m16n8k8 TF32 tile. Fragments (g = lane / 4, t = lane % 4): a0 (g, t), a1 (g+8, t),
+// a2 (g, t+4), a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c0/c1 (g, 2t/2t+1), c2/c3 (g+8, ...).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global → shared; bytes = 0 fills zeros without reading (keys past the tile's end).
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+template <int HD>
+__global__ void __launch_bounds__(MmaShape<HD>::kThreads, 1)
+    attention_mma_kernel(const float* __restrict__ q, const float* __restrict__ pool_k,
+                         const float* __restrict__ pool_v, AttentionArrays L, int heads, int kv_heads,
+                         float q_scale, int block_shift, float* __restrict__ out) {
+  using S = MmaShape<HD>;
+  constexpr int kKeys = S::kKeys, kNT = kKeys / 8, kHT = HD / 8, kKS = HD / 16;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* Qs = smem;
+  float* stages = smem + S::kQFloats;
+
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, g = lane / 4, tig = lane % 4;
+  // Heaviest tiles (last rows, most keys) first so the causal tail does not straggle.
+  const int tile = static_cast<int>(L.num_tiles - 1 - blockIdx.x / kv_heads), kvh = blockIdx.x % kv_heads;
+  const int s = L.tiles[2 * tile], r0 = L.tiles[2 * tile + 1];
+  const int group = heads / kv_heads;
+  const int seq_begin = L.cu_seqlens[s], len = L.cu_seqlens[s + 1] - seq_begin;
+  const int rows = min(S::kRows, len * group - r0);
+  const int cached = L.cached[s];
+  const int block_keys = cached + (r0 + rows - 1) / group + 1;
+  const int key_tiles = (block_keys + kKeys - 1) / kKeys;
+  const int32_t* blocks = L.block_table + static_cast<int64_t>(s) * L.max_blocks;
+  const int bs = L.block_size;
+
+  // Query row r of the tile is token (r0 + r) / group at head kvh·group + (r0 + r) % group.
+  auto q_row = [&](int r) {
+    const int row = r0 + r;
+    return (static_cast<int64_t>(seq_begin + row / group) * heads + kvh * group + row % group) * HD;
+  };
+
+  // This thread's two rows (g and g + 8 of the warp's 16) and their causal limits; padding rows past
+  // `rows` see every key of the block (zero Q, never stored) so they stay finite.
+  const int wr = warp * 16;
+  const bool warp_active = wr < rows;
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wr + g + 8 * h;
+    limit[h] = r < rows ? cached + (r0 + r) / group + 1 : block_keys;
+  }
+  const int warp_last = min(wr + 15, rows - 1);
+  const int warp_keys = cached + (r0 + warp_last) / group + 1;  // past its last row's limit: skip
+  const int warp_unmasked = cached + (r0 + wr) / group + 1;     // keys below every row's limit
+
+  auto load_tile = [&](int kt, int stage) {
+    float* Ks = stages + stage * S::kStageFloats;
+    float* Vs = Ks + kKeys * S::kKPitch;
+    const int col = (tid % S::kChunksPerRow) * 4;
+#pragma unroll
+    for (int j = tid / S::kChunksPerRow; j < kKeys; j += S::kRowsPerPass) {
+      const int p = kt + j;
+      const bool live = p < block_keys;
+      int64_t src = 0;
+      if (live) {
+        const int page = block_shift >= 0 ? p >> block_shift : p / bs;
+        const int slot = p - page * bs;
+        src = ((static_cast<int64_t>(blocks[page]) * bs + slot) * kv_heads + kvh) * HD + col;
+      }
+      cp_async16(Ks + j * S::kKPitch + col, pool_k + src, live ? 16 : 0);
+      cp_async16(Vs + j * S::kVPitch + col, pool_v + src, live ? 16 : 0);
+    }
+  };
+
+  load_tile(0, 0);
+  cp_async_commit();
+
+  // Q, scaled and rounded once: in registers as this lane's A fragments, or in shared memory.
+  uint32_t qf[S::kQInRegs ? kKS : 1][2][4];
+  if constexpr (S::kQInRegs) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wr + g + 8 * h;
+      const float* src = r < rows ? q + q_row(r) : nullptr;
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks) {
+        const float4 v = src ? *reinterpret_cast<const float4*>(src + 16 * ks + 4 * tig) : float4{0, 0, 0, 0};
+        qf[ks][h][0] = to_tf32(v.x * q_scale);
+        qf[ks][h][1] = to_tf32(v.y * q_scale);
+        qf[ks][h][2] = to_tf32(v.z * q_scale);
+        qf[ks][h][3] = to_tf32(v.w * q_scale);
+      }
+    }
+  } else {
+    for (int idx = tid; idx < S::kRows * (HD / 4); idx += S::kThreads) {
+      const int r = idx / (HD / 4), c = (idx % (HD / 4)) * 4;
+      float4 v{0, 0, 0, 0};
+      if (r < rows) v = *reinterpret_cast<const float4*>(q + q_row(r) + c);
+      float4 t;
+      t.x = __uint_as_float(to_tf32(v.x * q_scale));
+      t.y = __uint_as_float(to_tf32(v.y * q_scale));
+      t.z = __uint_as_float(to_tf32(v.z * q_scale));
+      t.w = __uint_as_float(to_tf32(v.w * q_scale));
+      *reinterpret_cast<float4*>(Qs + r * S::kQPitch + c) = t;
+    }
+  }
+
+  float o[kHT][4];
+#pragma unroll
+  for (int n = 0; n < kHT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's share
+
+  for (int t = 0; t < key_tiles; ++t) {
+    const int kt = t * kKeys;
+    if (t + 1 < key_tiles) load_tile(kt + kKeys, (t + 1) & 1);
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning tile t
+    cp_async_wait_one();
+    __syncthreads();  // tile t (and Q in shared memory) visible to every warp
+
+    if (warp_active && kt < warp_keys) {
+      const float* Ks = stages + (t & 1) * S::kStageFloats;
+      const float* Vs = Ks + kKeys * S::kKPitch;
+
+      // S = Q·Kᵀ. The hd dimension of each k16 step is read in the order lane t holds 4t..4t+3 of
+      // both operands (A and B agree, so the sum is unchanged) to load float4s.
+      float sc[kNT][4];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks) {
+        uint32_t a[2][4];
+        if constexpr (S::kQInRegs) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[h][e] = qf[ks][h][e];
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float4 v = *reinterpret_cast<const float4*>(Qs + (wr + g + 8 * h) * S::kQPitch + 16 * ks + 4 * tig);
+            a[h][0] = __float_as_uint(v.x), a[h][1] = __float_as_uint(v.y);
+            a[h][2] = __float_as_uint(v.z), a[h][3] = __float_as_uint(v.w);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          const float4 kv = *reinterpret_cast<const float4*>(Ks + (8 * j + g) * S::kKPitch + 16 * ks + 4 * tig);
+          mma_tf32(sc[j], a[0][0], a[1][0], a[0][1], a[1][1], to_tf32(kv.x), to_tf32(kv.y));
+          mma_tf32(sc[j], a[0][2], a[1][2], a[0][3], a[1][3], to_tf32(kv.z), to_tf32(kv.w));
+        }
+      }
+
+      // Online softmax (log2 units) of rows g (h = 0: sc[.][0..1]) and g + 8 (h = 1: sc[.][2..3]);
+      // a row's keys sit in the 4 lanes of its quad.
+      const bool masked = kt + kKeys > warp_unmasked;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& v = sc[j][2 * h + e];
+            if (masked && kt + 8 * j + 2 * tig + e >= limit[h]) v = -INFINITY;
+            tile_max = fmaxf(tile_max, v);
+          }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, 2));
+        const float new_max = fmaxf(row_max[h], tile_max);
+        const float base = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: keep the state
+        const float rescale = exp2f(row_max[h] - base);
+        row_max[h] = new_max;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& v = sc[j][2 * h + e];
+            v = exp2f(v - base);
+            sum += v;
+          }
+        row_sum[h] = row_sum[h] * rescale + sum;
+#pragma unroll
+        for (int n = 0; n < kHT; ++n) o[n][2 * h] *= rescale, o[n][2 * h + 1] *= rescale;
+      }
+
+      // O += P·V, one k8 step per 8 keys. P's accumulator layout holds keys 8j + 2t, 8j + 2t + 1 in
+      // lane t: used as k positions t and t + 4 of the A fragment, with V's rows read to match.
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const uint32_t a0 = to_tf32(sc[j][0]), a1 = to_tf32(sc[j][2]);
+        const uint32_t a2 = to_tf32(sc[j][1]), a3 = to_tf32(sc[j][3]);
+        const float* v0 = Vs + (8 * j + 2 * tig) * S::kVPitch + g;
+        const float* v1 = v0 + S::kVPitch;
+#pragma unroll
+        for (int n = 0; n < kHT; ++n) mma_tf32(o[n], a0, a1, a2, a3, to_tf32(v0[8 * n]), to_tf32(v1[8 * n]));
+      }
+    }
+    __syncthreads();  // every warp is done with stage t & 1 before tile t + 2 is copied into it
+  }
+
+  if (!warp_active) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+    const int r = wr + g + 8 * h;
+    if (r >= rows) continue;
+    const float inv = 1.0f / sum;
+    float* dst = out + q_row(r) + 2 * tig;
+#pragma unroll
+    for (int n = 0; n < kHT; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n) = float2{o[n][2 * h] * inv, o[n][2 * h + 1] * inv};
+  }
+}
+
+template <int HD>
+void launch_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                int64_t heads, int64_t kv_heads, float scale, float* out, cudaStream_t stream) {
+  using S = MmaShape<HD>;
+  const auto kernel = attention_mma_kernel<HD>;
+  // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
+  QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(S::kSharedBytes)));
+  const int bs = layout.block_size;
+  const int block_shift = (bs & (bs - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(bs)) : -1;
+  const int64_t blocks = layout.num_tiles * kv_heads;
+  if (blocks > std::numeric_limits<int32_t>::max())
+    throw_error("attention_mma: the batch has more query tiles x kv heads than a grid holds");
+  const float q_scale = scale * 1.4426950408889634f;  // log2(e): the softmax runs in exp2
+  kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSharedBytes, stream>>>(
+      q, pool_k, pool_v, layout, static_cast<int>(heads), static_cast<int>(kv_heads), q_scale, block_shift, out);
+  QINFER_CUDA_CHECK_LAUNCH("attention_mma_kernel<<<>>>");
+}
+
+}  // namespace
+
+int64_t attention_mma_tile_rows(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return MmaShape<64>::kRows;
+    case 128: return MmaShape<128>::kRows;
+    case 256: return MmaShape<256>::kRows;
+    default: return 0;
+  }
+}
+
+size_t attention_mma_shared_bytes(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return MmaShape<64>::kSharedBytes;
+    case 128: return MmaShape<128>::kSharedBytes;
+    case 256: return MmaShape<256>::kSharedBytes;
+    default: return 0;
+  }
+}
+
+void launch_attention_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                          cudaStream_t stream) {
+  if (layout.num_tiles == 0 || heads == 0) return;
+  switch (head_dim) {
+    case 64: return launch_mma<64>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
+    case 128: return launch_mma<128>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
+    case 256: return launch_mma<256>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
+    default: throw_error("attention_mma: head_dim " + std::to_string(head_dim) + " has no tensor-core kernel");
+  }
+}
+
+}  // namespace qinfer::cuda

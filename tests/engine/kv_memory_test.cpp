@@ -1,0 +1,44 @@
+// Sizing the KV pool from a device's free memory (serve on a GPU): what fits after the recurrent
+// states, and a clear error when nothing does.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "engine/scheduler.h"
+
+namespace qinfer::engine {
+namespace {
+
+TEST(KvBlocksInMemory, Qwen3_8bBlocksFillTheFractionOfFreeMemory) {
+  CacheShape s;
+  s.attention_layers = 36, s.kv_heads = 8, s.head_dim = 128;
+  SchedulerOptions o;
+  o.block_size = 16, o.max_running = 64, o.memory_fraction = 0.9;
+  // One block: K and V of 16 tokens × 8 heads × 128 floats in 36 layers = 4.5 MiB.
+  const uint64_t block = 2ull * 36 * 16 * 8 * 128 * 4;
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 90);
+  o.memory_fraction = 0.5;
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 50);
+}
+
+TEST(KvBlocksInMemory, RecurrentStatesComeFirst) {
+  CacheShape s;  // Qwen3.5-9B: 8 attention and 24 linear-attention layers
+  s.attention_layers = 8, s.kv_heads = 4, s.head_dim = 256;
+  s.linear_layers = 24, s.conv_channels = 8192, s.conv_window = 3, s.value_heads = 32, s.value_head_dim = 128,
+  s.key_head_dim = 128;
+  SchedulerOptions o;
+  o.block_size = 16, o.max_running = 10, o.memory_fraction = 1.0;
+  const uint64_t block = 2ull * 8 * 16 * 4 * 256 * 4;
+  const uint64_t state = 24ull * 4 * (3 * 8192 + 32 * 128 * 128);  // one sequence
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 10 * state + 7 * block), 7);
+  try {
+    kv_blocks_in_memory(s, o, 10 * state);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("leaves no room for the KV cache"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("10 sequences"));
+  }
+}
+
+}  // namespace
+}  // namespace qinfer::engine
