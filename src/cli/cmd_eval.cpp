@@ -1,6 +1,6 @@
 // `qinfer eval`: logits for token ids, the oracle interface tests and outside checks use.
 //   qinfer eval --model DIR --ids 1,2,3 [--mode prefill|decode|chunked:N] [--device cpu|ref|cuda[:N]]
-//               [--logits OUT.bin] [--greedy N]
+//               [--logits OUT.bin] [--greedy N] [--tensor-parallel N]
 #include <fmt/format.h>
 
 #include <fstream>
@@ -12,6 +12,10 @@
 #include "cli/generation_options.h"
 #include "core/error.h"
 #include "models/eval.h"
+#include "parallel/communicator.h"
+#ifdef QINFER_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
 
 namespace qinfer::cli {
 namespace {
@@ -31,13 +35,57 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// The device of tensor-parallel rank `rank`: cpu and ref ranks share the host; GPU ranks take
+// consecutive GPUs from the one named (cuda:2 with 4 ranks: GPUs 2, 3, 4, 5).
+std::string rank_device(const std::string& device, int rank) {
+  if (!(device == "cuda" || device.starts_with("cuda:"))) return device;
+  const std::string index = device.size() > 5 ? device.substr(5) : "0";
+  QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
+               "--device {}: expected cuda or cuda:N with N a GPU index", device);
+  return fmt::format("cuda:{}", std::stoi(index) + rank);
+}
+
+struct Options {
+  std::string model, ids, mode = "prefill", device = "cpu", logits, dump;
+  int32_t greedy = 0;
+  int tensor_parallel = 1;
+};
+
+// The prompt's logits (and dump, and greedy tokens) from `model`; only `write` writes them out.
+void evaluate(const Options& o, const std::vector<int32_t>& ids, models::EvalMode mode, models::Model& model, Ops& ops,
+              bool write) {
+  if (!o.logits.empty() || !o.dump.empty()) {
+    io::json manifest = io::json::object();
+    std::function<void(const std::string&, const Tensor&)> dump;
+    if (!o.dump.empty()) {
+      std::filesystem::create_directories(o.dump);
+      dump = [&](const std::string& name, const Tensor& value) {
+        const Tensor host = to_host(ops, value);
+        std::ofstream out(std::filesystem::path(o.dump) / (name + ".bin"), std::ios::binary);
+        out.write(static_cast<const char*>(host.data), static_cast<std::streamsize>(host.nbytes()));
+        QINFER_CHECK(out.good(), "--dump {}: cannot write {}.bin", o.dump, name);
+        manifest[name] = value.shape;
+      };
+    }
+    Tensor logits = models::prompt_logits(model, ids, mode, dump);
+    if (!o.dump.empty()) {
+      std::ofstream(std::filesystem::path(o.dump) / "manifest.json") << manifest.dump(1) << "\n";
+    }
+    if (!o.logits.empty() && write) {
+      std::ofstream out(o.logits, std::ios::binary);
+      out.write(static_cast<const char*>(logits.data), static_cast<std::streamsize>(logits.nbytes()));
+      QINFER_CHECK(out.good(), "--logits {}: cannot write the file", o.logits);
+    }
+  }
+  if (o.greedy > 0) {
+    std::vector<int32_t> tokens = models::greedy_continuation(model, ids, o.greedy);
+    if (write) fmt::print("{{\"greedy\":[{}]}}\n", fmt::join(tokens, ","));
+  }
+}
+
 }  // namespace
 
 void add_eval_command(CLI::App& app) {
-  struct Options {
-    std::string model, ids, mode = "prefill", device = "cpu", logits, dump;
-    int32_t greedy = 0;
-  };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("eval", "Logits (and greedy tokens) for a prompt of token ids");
   cmd->add_option("--model", o->model, "checkpoint folder")->required();
@@ -49,45 +97,53 @@ void add_eval_command(CLI::App& app) {
                   "write every named intermediate (model.layers.{i}.*) as f32 .bin files plus manifest.json here "
                   "(prefill mode)");
   cmd->add_option("--greedy", o->greedy, "print {\"greedy\":[...]} with N greedy tokens after the prompt");
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "split the model over N ranks: threads sharing the host (cpu, ref), or GPUs cuda:K..K+N-1 over "
+                  "NCCL (default 1)")
+      ->check(CLI::Range(1, 64));
   cmd->callback([o] {
     const std::vector<int32_t> ids = parse_ids(o->ids);
     const models::EvalMode mode = models::parse_eval_mode(o->mode);
     QINFER_CHECK(o->greedy >= 0, "--greedy: must not be negative");
+    QINFER_CHECK(o->dump.empty() || mode.kind == models::EvalMode::prefill,
+                 "--dump needs --mode prefill (one forward, so each name is written once)");
+    QINFER_CHECK(o->dump.empty() || o->tensor_parallel == 1,
+                 "--dump needs --tensor-parallel 1 (a rank's intermediates hold only its heads)");
     models::Checkpoint checkpoint = models::open_checkpoint(o->model);
-    std::unique_ptr<Ops> ops = make_ops(o->device);
     for (int32_t id : ids)
       QINFER_CHECK(id < checkpoint.config.text.vocab_size, "--ids: token id {} is outside the vocabulary (0..{})", id,
                    checkpoint.config.text.vocab_size - 1);
-    models::Model model(checkpoint, *ops);
-    QINFER_CHECK(o->dump.empty() || mode.kind == models::EvalMode::prefill,
-                 "--dump needs --mode prefill (one forward, so each name is written once)");
-    if (!o->logits.empty() || !o->dump.empty()) {
-      io::json manifest = io::json::object();
-      std::function<void(const std::string&, const Tensor&)> dump;
-      if (!o->dump.empty()) {
-        std::filesystem::create_directories(o->dump);
-        dump = [&](const std::string& name, const Tensor& value) {
-          const Tensor host = to_host(*ops, value);
-          std::ofstream out(std::filesystem::path(o->dump) / (name + ".bin"), std::ios::binary);
-          out.write(static_cast<const char*>(host.data), static_cast<std::streamsize>(host.nbytes()));
-          QINFER_CHECK(out.good(), "--dump {}: cannot write {}.bin", o->dump, name);
-          manifest[name] = value.shape;
-        };
-      }
-      Tensor logits = models::prompt_logits(model, ids, mode, dump);
-      if (!o->dump.empty()) {
-        std::ofstream(std::filesystem::path(o->dump) / "manifest.json") << manifest.dump(1) << "\n";
-      }
-      if (!o->logits.empty()) {
-        std::ofstream out(o->logits, std::ios::binary);
-        out.write(static_cast<const char*>(logits.data), static_cast<std::streamsize>(logits.nbytes()));
-        QINFER_CHECK(out.good(), "--logits {}: cannot write the file", o->logits);
-      }
+    // One Ops per rank, made here so that a bad device fails before any thread starts.
+    const int n = o->tensor_parallel;
+    std::vector<std::unique_ptr<Ops>> ops;
+    for (int r = 0; r < n; ++r) ops.push_back(make_ops(n == 1 ? o->device : rank_device(o->device, r)));
+    if (n == 1) {
+      models::Model model(checkpoint, *ops[0]);
+      evaluate(*o, ids, mode, model, *ops[0], true);
+      return;
     }
-    if (o->greedy > 0) {
-      std::vector<int32_t> tokens = models::greedy_continuation(model, ids, o->greedy);
-      fmt::print("{{\"greedy\":[{}]}}\n", fmt::join(tokens, ","));
-    }
+    // Every rank runs the same forwards; rank 0 writes the results.
+    const bool gpus = ops[0]->device() == Device::cuda;
+#ifdef QINFER_HAVE_NCCL
+    const parallel::NcclId nccl_id = gpus ? parallel::make_nccl_id() : parallel::NcclId{};
+#else
+    QINFER_CHECK(!gpus, "--tensor-parallel on cuda needs NCCL, which this build did not find (nccl.h and libnccl in "
+                        "the CUDA toolkit)");
+#endif
+    parallel::ThreadGroup group(n);
+    group.run([&](parallel::Communicator& threads) {
+      const int r = threads.rank();
+      parallel::Communicator* comm = &threads;
+#ifdef QINFER_HAVE_NCCL
+      std::unique_ptr<parallel::NcclCommunicator> nccl;
+      if (gpus) {
+        nccl = std::make_unique<parallel::NcclCommunicator>(nccl_id, r, n, std::stoi(rank_device(o->device, r).substr(5)));
+        comm = nccl.get();
+      }
+#endif
+      models::Model model(checkpoint, *ops[static_cast<size_t>(r)], comm);
+      evaluate(*o, ids, mode, model, *ops[static_cast<size_t>(r)], r == 0);
+    });
   });
 }
 

@@ -1,20 +1,23 @@
 #pragma once
 // Moves canonical checkpoint tensors onto a backend: matrices keep their stored form (bf16 stays
 // bf16, MLX-quantized stays packed: decode streams it), vectors (norm gains, conv kernels, gates' parameters) become f32 with
-// any due +1 applied.
+// any due +1 applied. Under tensor parallelism each rank loads only its slice (parallel/sharding.h).
 #include <string>
 
 #include "backend/ops.h"
 #include "core/progress.h"
 #include "io/checkpoint.h"
+#include "parallel/sharding.h"
 
 namespace qinfer::layers {
 
 class WeightLoader {
  public:
-  // `progress`, when given, advances by each tensor's stored bytes.
-  WeightLoader(const io::NormalizationPlan& plan, Ops& ops, ProgressBar* progress = nullptr)
-      : plan_(plan), ops_(ops), progress_(progress) {}
+  // `progress`, when given, advances by each tensor's stored bytes (the slice's, when sharded).
+  // `shard`, when given, loads the rank's slice of every sharded tensor (parallel::slice_of).
+  WeightLoader(const io::NormalizationPlan& plan, Ops& ops, ProgressBar* progress = nullptr,
+               const parallel::ShardPlan* shard = nullptr)
+      : plan_(plan), ops_(ops), progress_(progress), shard_(shard) {}
   // A matrix as stored: dense (f32|bf16|f16) or MLX-quantized (codes + scales [+ biases]).
   Weight matrix(const std::string& name) const;
   Tensor vector(const std::string& name) const;  // any shape, as f32
@@ -24,6 +27,11 @@ class WeightLoader {
   const io::NormalizationPlan& plan_;
   Ops& ops_;
   ProgressBar* progress_;
+  const parallel::ShardPlan* shard_;
+
+  parallel::Slice slice(const io::CanonicalTensor& t) const;
+  // A rank's slice of a tensor (of its weight's slice, for scales and biases) on the backend.
+  Tensor upload_slice(const io::CanonicalTensor& t, const parallel::Slice& slice, int64_t logical_columns) const;
 };
 
 }  // namespace qinfer::layers

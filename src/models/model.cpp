@@ -8,14 +8,30 @@
 
 namespace qinfer::models {
 
-Model::Model(const Checkpoint& checkpoint, Ops& ops) : config_(checkpoint.config.text), ops_(ops) {
-  const io::TextConfig& c = config_;
+Model::Model(const Checkpoint& checkpoint, Ops& ops, parallel::Communicator* communicator)
+    : config_(checkpoint.config.text),
+      ops_(ops),
+      communicator_(communicator),
+      shard_(parallel::plan_shards(config_, communicator ? communicator->rank() : 0,
+                                   communicator ? communicator->size() : 1)) {
+  const bool sharded = shard_.size > 1;
+  if (sharded) parallel::check_shards(shard_, checkpoint.plan);
+  // Layers are built from the rank's config: its head counts and intermediates.
+  const io::TextConfig& c = shard_.local;
   uint64_t text_bytes = 0;
-  for (const auto& [name, t] : checkpoint.plan.tensors)
-    if (t.group == io::TensorGroup::text) text_bytes += t.nbytes();
+  for (const auto& [name, t] : checkpoint.plan.tensors) {
+    if (t.group != io::TensorGroup::text) continue;
+    // A sharded tensor (scales and biases follow their weight) is split evenly over the ranks.
+    std::string weight = name;
+    if (name.ends_with(".scales") || name.ends_with(".biases")) weight.replace(weight.size() - 7, 7, ".weight");
+    const bool split = sharded && parallel::slice_of(weight, parallel::logical_shape(t), shard_).kind !=
+                                      parallel::Slice::replicated;
+    text_bytes += split ? t.nbytes() / static_cast<uint64_t>(shard_.size) : t.nbytes();
+  }
   const auto start = std::chrono::steady_clock::now();
-  ProgressBar progress("loading weights", text_bytes, ProgressBar::Unit::bytes);
-  layers::WeightLoader w(checkpoint.plan, ops, &progress);
+  ProgressBar progress(sharded ? fmt::format("loading weights (rank {})", shard_.rank) : "loading weights",
+                       text_bytes, ProgressBar::Unit::bytes);
+  layers::WeightLoader w(checkpoint.plan, ops, &progress, sharded ? &shard_ : nullptr);
   embed_tokens = w.matrix("model.embed_tokens.weight");
   final_norm = w.vector("model.norm.weight");
   lm_head = c.tie_word_embeddings ? embed_tokens : w.matrix("lm_head.weight");
@@ -44,7 +60,7 @@ Model::Model(const Checkpoint& checkpoint, Ops& ops) : config_(checkpoint.config
 }
 
 CacheShape Model::cache_shape() const {
-  const io::TextConfig& c = config_;
+  const io::TextConfig& c = shard_.local;
   CacheShape s;
   for (const io::LayerKind kind : c.layer_types) {
     if (kind == io::LayerKind::full_attention) ++s.attention_layers;
@@ -109,6 +125,13 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   return ops_.end_step(std::move(logits));
 }
 
+// Every block ends in a row-parallel projection (o_proj, out_proj, down_proj; the MoE's experts and
+// its shared expert, whose sigmoid gate is computed whole on every rank, so gate·Σ partials = Σ
+// gate·partials): one sum over the ranks per block.
+void Model::reduce(Tensor& partial) const {
+  if (shard_.size > 1) communicator_->all_reduce_sum(ops_, partial);
+}
+
 // The decoder over a prepared batch. Every device tensor it makes is gone when it returns, except
 // the logits (a recorded step must free what it allocates before it ends).
 Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers::ForwardContext& ctx,
@@ -143,10 +166,12 @@ Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers
     const std::string name = fmt::format("model.layers.{}", i);
     ops_.rms_norm(h, layer.input_norm, eps, normed);
     std::visit([&](const auto& mixer) { mixer.forward(ctx, normed, delta); }, layer.mixer);
+    reduce(delta);
     ctx.named(name + ".mixer", delta);
     ops_.add(h, delta);
     ops_.rms_norm(h, layer.post_attention_norm, eps, normed);
     std::visit([&](const auto& ffn) { ffn.forward(ctx, normed, delta); }, layer.ffn);
+    reduce(delta);
     ctx.named(name + ".mlp", delta);
     ops_.add(h, delta);
     ctx.named(name, h);

@@ -10,6 +10,8 @@
 #include "layers/gated_deltanet.h"
 #include "layers/mlp.h"
 #include "models/registry.h"
+#include "parallel/communicator.h"
+#include "parallel/sharding.h"
 
 namespace qinfer::models {
 
@@ -31,9 +33,14 @@ struct DecoderLayer {
 
 class Model {
  public:
-  Model(const Checkpoint& checkpoint, Ops& ops);
+  // With a communicator of size N > 1 the model is rank communicator->rank() of a tensor-parallel
+  // group: it loads only its slice of the weights (parallel/sharding.h), its caches hold its heads,
+  // and every row-parallel output is summed over the group before the residual add. Every rank runs
+  // the same batches in the same order and gets the same logits.
+  Model(const Checkpoint& checkpoint, Ops& ops, parallel::Communicator* communicator = nullptr);
   const io::TextConfig& config() const { return config_; }
-  CacheShape cache_shape() const;
+  const parallel::ShardPlan& shard() const { return shard_; }
+  CacheShape cache_shape() const;  // this rank's: its KV heads and GDN heads
   Ops& ops() const { return ops_; }
 
   // Runs the batch and advances each sequence's cache. Returns logits f32 [rows, vocab]: every
@@ -46,8 +53,13 @@ class Model {
   Tensor run(const Batch& batch, const std::vector<int32_t>& tokens, layers::ForwardContext& ctx,
              const std::function<void(const std::string&, const Tensor&)>& dump);
 
+  // The partial sums of a row-parallel block's output, summed over the ranks.
+  void reduce(Tensor& partial) const;
+
   io::TextConfig config_;
   Ops& ops_;
+  parallel::Communicator* communicator_;
+  parallel::ShardPlan shard_;  // shard_.local: the layer shapes this rank holds
   Weight embed_tokens, lm_head;  // lm_head is embed_tokens when tied (dequantized rows / packed head alike)
   Tensor final_norm;
   std::vector<DecoderLayer> layers_;

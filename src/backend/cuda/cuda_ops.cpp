@@ -1160,6 +1160,8 @@ void copy_columns(Ops& ops, const Tensor& src, int64_t src_col, Tensor& dst, int
   cuda_ops(ops, "cuda::copy_columns").copy_columns(src, src_col, dst, dst_col, width);
 }
 
+CUstream_st* stream_of(Ops& ops) { return cuda_ops(ops, "cuda::stream_of").stream(); }
+
 }  // namespace qinfer::cuda
 
 namespace qinfer {

@@ -5,6 +5,8 @@
 
 #include "backend/ops.h"
 
+struct CUstream_st;  // cudaStream_t, without the CUDA headers
+
 namespace qinfer {
 
 // The cuda backend on `device`: tensors live in device memory (a stream-ordered pool; alloc
@@ -26,5 +28,7 @@ Tensor to_host(const Tensor& device);
 void copy(Ops& ops, const Tensor& src, Tensor& dst);
 // qinfer::copy_columns (backend/tensor.h) for tensors on `ops`' device.
 void copy_columns(Ops& ops, const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
+// The stream every op of `ops` (a cuda Ops) is enqueued on: collectives (NCCL) join it.
+CUstream_st* stream_of(Ops& ops);
 
 }  // namespace qinfer::cuda
