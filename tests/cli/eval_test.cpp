@@ -50,6 +50,23 @@ TEST(Eval, LogitsFileAndGreedyLineMatchTheReference) {
   }
 }
 
+// Two ranks (threads) splitting heads and intermediates give the greedy tokens of the reference;
+// a split that does not divide names the field.
+TEST(Eval, TensorParallelRanksMatchTheReference) {
+  io::json ref = io::read_json_file(kFixture / "reference.json");
+  const auto prompt = ref["prompts"][1].get<std::vector<int32_t>>();
+  const auto greedy = ref["greedy"][1].get<std::vector<int32_t>>();
+  for (const char* device : {"ref", "cpu"}) {
+    CommandResult r = run_command(eval("--ids " + ids_of(prompt) + " --greedy " + std::to_string(greedy.size()) +
+                                       " --tensor-parallel 2 --device " + device));
+    ASSERT_EQ(r.status, 0) << device << ": " << r.err;
+    EXPECT_EQ(io::json::parse(r.out)["greedy"].get<std::vector<int32_t>>(), greedy) << device;
+  }
+  CommandResult r = run_command(eval("--ids 1,2,3 --greedy 1 --tensor-parallel 3 --device ref"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("is not divisible by 3"));
+}
+
 TEST(Eval, DumpWritesNamedIntermediates) {
   TempDir dir;
   CommandResult r = run_command(eval("--ids 1,2,3,4 --dump '" + (dir / "d").string() + "'"));
