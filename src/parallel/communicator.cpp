@@ -18,14 +18,16 @@ class ThreadGroup::Rank final : public Communicator {
                  name(t.dtype));
     const Tensor mine = to_host(ops, t);  // t itself on the host backends
     group_.published_[rank_] = &mine;
+    group_.published_numel_[rank_] = mine.numel();
     group_.barrier();
+    const int64_t n = group_.published_numel_[0];
+    for (int r = 0; r < size(); ++r)
+      QINFER_CHECK(group_.published_numel_[r] == n, "all_reduce_sum: rank 0 reduces {} values but rank {} gave {}", n,
+                   r, group_.published_numel_[r]);
     Tensor sum = host_tensor(DType::f32, t.shape);
     float* out = sum.ptr<float>();
-    const int64_t n = t.numel();
     for (int r = 0; r < size(); ++r) {
       const Tensor& part = *group_.published_[r];
-      QINFER_CHECK(part.numel() == n, "all_reduce_sum: rank {} reduces {} values but rank {} gave {}", rank_, n, r,
-                   part.numel());
       const float* in = part.ptr<float>();
       if (r == 0) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
       else
@@ -44,6 +46,7 @@ ThreadGroup::ThreadGroup(int size) {
   QINFER_CHECK(size >= 1, "tensor parallel: the group size must be at least 1, got {}", size);
   for (int r = 0; r < size; ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
   published_.assign(static_cast<size_t>(size), nullptr);
+  published_numel_.assign(static_cast<size_t>(size), 0);
 }
 
 ThreadGroup::~ThreadGroup() = default;

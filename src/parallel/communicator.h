@@ -50,6 +50,9 @@ class ThreadGroup {
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<const Tensor*> published_;  // each rank's host contribution during a collective
+  // Their element counts, as values: every rank checks them all and so fails or goes on together,
+  // and none reads a contribution whose rank has already left with an error.
+  std::vector<int64_t> published_numel_;
   std::mutex mutex_;
   std::condition_variable arrived_;
   int waiting_ = 0;
