@@ -37,12 +37,11 @@ struct WeightView {
 // --- linear.cu ---------------------------------------------------------------------------------
 // Token counts up to this go through the fused GEMV kernels; more through dequantize + GEMM.
 constexpr int64_t kGemvMaxTokens = 8;
-// y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens: each warp a tile of rows × all T tokens, f32 accumulation.
+// y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens, f32 accumulation; the kernel (warp per row,
+// row tiles, tensor cores) is chosen by format and T.
 void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream);
-// out[r, :] = w row (row0 + r) as f32, for r < rows; bit-exact with Weight::row_f32.
-void launch_dequantize_rows(const WeightView& w, int64_t row0, int64_t rows, float* out, cudaStream_t stream);
-// The same rows as bf16 pairs hi + lo (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the
-// tensor-core GEMM's weight operands.
+// Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo
+// (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the tensor-core GEMM's weight operands.
 void launch_dequantize_rows_bf16_pair(const WeightView& w, int64_t row0, int64_t rows, void* hi, void* lo,
                                       cudaStream_t stream);
 // x (n elements) as bf16 pairs hi + lo.

@@ -1,5 +1,5 @@
 // Decode-sized linear layers as fused GEMV kernels (weights read once and dequantized in registers,
-// f32 accumulation), the dequantize-rows kernel that feeds cuBLAS for prefill-sized ones, and
+// f32 accumulation), the dequantize-to-bf16-pairs kernel that feeds cuBLASLt for prefill-sized ones, and
 // embedding lookups (dense and quantized rows).
 #include <cuda_bf16.h>
 
@@ -460,12 +460,6 @@ bool try_launch_mma(const float* x, int T, const WeightView& w, float* y, cudaSt
   }
 }
 
-template <class Fmt>
-__global__ void dequantize_kernel(WeightView w, int64_t row0, int64_t rows, float* __restrict__ out) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    for (int64_t j = threadIdx.x; j < w.in; j += blockDim.x) out[r * w.in + j] = Fmt::element(w, row0 + r, j);
-}
-
 // The tensor-core GEMM's operands as bf16 pairs: v = hi + lo with hi = bf16(v), lo = bf16(v − hi),
 // which together carry 16 mantissa bits (a product of pairs is exact to ~2^-16, where one bf16
 // operand alone costs ~2^-9 per element: enough to move the logits of small models by percents).
@@ -545,15 +539,6 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaS
     }
   });
   QINFER_CUDA_CHECK_LAUNCH("gemv_kernel<<<>>>");
-}
-
-void launch_dequantize_rows(const WeightView& w, int64_t row0, int64_t rows, float* out, cudaStream_t stream) {
-  if (rows == 0 || w.in == 0) return;
-  const auto blocks = static_cast<unsigned>(std::min(rows, kMaxRowBlocks));
-  dispatch(w, [&](auto format) {
-    dequantize_kernel<decltype(format)><<<blocks, kRowThreads, 0, stream>>>(w, row0, rows, out);
-  });
-  QINFER_CUDA_CHECK_LAUNCH("dequantize_kernel<<<>>>");
 }
 
 void launch_dequantize_rows_bf16_pair(const WeightView& w, int64_t row0, int64_t rows, void* hi, void* lo,
