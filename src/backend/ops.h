@@ -100,12 +100,19 @@ class Ops {
   virtual void linear(const Tensor& x, const Weight& w, Tensor& y) = 0;
   // y = x / sqrt(mean(x²) + eps) · w over the last dim D. x, y f32 [N,D] (may alias); w f32 [D].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
+  // x += delta, then y = rms_norm(x) · w (the residual add fused with the next pre-norm).
+  // x, delta, y f32 [N,D] (y aliases neither); w f32 [D].
+  virtual void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) = 0;
   // y = rms_norm(x, w) · silu(z). x, z, y f32 [N,D]; w f32 [D].
   virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) = 0;
   // y = scale · x / sqrt(Σx² + eps) over the last dim. x, y f32 [N,D] (may alias).
   virtual void l2_norm(const Tensor& x, float eps, float scale, Tensor& y) = 0;
   // In place on x f32 [T, heads, head_dim]; positions i32 [3, T] (rows t, h, w; equal for text).
   virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params) = 0;
+  // In place on x f32 [T, heads, head_dim]: each head's vector rms_norm'ed over head_dim with w f32
+  // [head_dim], then rotated as by `rope` (the per-head q/k norm fused with the rotation).
+  virtual void rms_norm_rope(Tensor& x, const Tensor& w, float eps, const Tensor& positions,
+                             const RopeParams& params) = 0;
   // out = silu(gate) · up. All f32, same shape (out may alias either).
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // x = x · sigmoid(gate). gate has x's shape, or [N,1] for x [N,D] (one gate per row, broadcast:

@@ -28,6 +28,13 @@ ModelCache::ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, in
   for (int64_t s = num_slots - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
 }
 
+ModelCache::ModelCache(std::span<Ops* const> ranks, const CacheShape& shape, int64_t num_blocks, int32_t block_size,
+                       int64_t num_slots)
+    : ModelCache(*ranks[0], shape, num_blocks, block_size, num_slots) {
+  for (size_t r = 1; r < ranks.size(); ++r)
+    shards_.push_back(std::make_unique<ModelCache>(*ranks[r], shape, num_blocks, block_size, num_slots));
+}
+
 int32_t ModelCache::allocate_block() {
   QINFER_CHECK(!free_blocks_.empty(), "KV cache exhausted: all {} blocks of {} tokens are in use", refcount_.size(),
                block_size_);
@@ -88,22 +95,35 @@ void zero_rows(Ops& ops, Tensor& t, int32_t slot) {
 }  // namespace
 
 void ModelCache::zero_slot(int32_t slot) {
-  for (Tensor& t : conv_) zero_rows(*ops_, t, slot);
-  for (Tensor& t : delta_) zero_rows(*ops_, t, slot);
+  for (int r = 0; r < ranks(); ++r) {
+    ModelCache& c = rank(r);
+    for (Tensor& t : c.conv_) zero_rows(*c.ops_, t, slot);
+    for (Tensor& t : c.delta_) zero_rows(*c.ops_, t, slot);
+  }
 }
 
+// Rank after rank: rank 0's layers, then rank 1's, ...
 ModelCache::StateSnapshot ModelCache::snapshot(int32_t slot) const {
   StateSnapshot s;
-  for (const Tensor& t : conv_) s.conv.push_back(read_slot(*ops_, t, slot));
-  for (const Tensor& t : delta_) s.delta.push_back(read_slot(*ops_, t, slot));
+  for (int r = 0; r < ranks(); ++r) {
+    const ModelCache& c = r == 0 ? *this : *shards_[static_cast<size_t>(r - 1)];
+    for (const Tensor& t : c.conv_) s.conv.push_back(read_slot(*c.ops_, t, slot));
+    for (const Tensor& t : c.delta_) s.delta.push_back(read_slot(*c.ops_, t, slot));
+  }
   return s;
 }
 
 void ModelCache::restore(int32_t slot, const StateSnapshot& snapshot) {
-  QINFER_CHECK(snapshot.conv.size() == conv_.size() && snapshot.delta.size() == delta_.size(),
+  const size_t n = static_cast<size_t>(ranks());
+  QINFER_CHECK(snapshot.conv.size() == n * conv_.size() && snapshot.delta.size() == n * delta_.size(),
                "state snapshot does not match this cache's layers");
-  for (size_t i = 0; i < conv_.size(); ++i) write_slot(*ops_, conv_[i], slot, snapshot.conv[i]);
-  for (size_t i = 0; i < delta_.size(); ++i) write_slot(*ops_, delta_[i], slot, snapshot.delta[i]);
+  for (size_t r = 0; r < n; ++r) {
+    ModelCache& c = rank(static_cast<int>(r));
+    for (size_t i = 0; i < conv_.size(); ++i)
+      write_slot(*c.ops_, c.conv_[i], slot, snapshot.conv[r * conv_.size() + i]);
+    for (size_t i = 0; i < delta_.size(); ++i)
+      write_slot(*c.ops_, c.delta_[i], slot, snapshot.delta[r * delta_.size() + i]);
+  }
 }
 
 void SequenceCache::reserve(ModelCache& cache, int32_t new_tokens) {

@@ -3,6 +3,8 @@
 // ids across layers, reference-counted so sequences can share prefix blocks) and recurrent-state slots
 // for Gated DeltaNet layers (conv window + fp32 delta state) that can be snapshotted and restored.
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/ops.h"
@@ -18,6 +20,16 @@ struct CacheShape {
 class ModelCache {
  public:
   ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots);
+  // A tensor-parallel group's cache: rank r's pools and states (`shape`: one rank's heads) on
+  // ranks[r]. This object is rank 0's and assigns blocks and slots for all: an id names the same rows
+  // on every rank, a new slot is zeroed and a snapshot taken and restored on every rank.
+  ModelCache(std::span<Ops* const> ranks, const CacheShape& shape, int64_t num_blocks, int32_t block_size,
+             int64_t num_slots);
+
+  int ranks() const { return 1 + static_cast<int>(shards_.size()); }
+  // The cache rank r's model runs on (rank(0) is this one). Only its pools and states are used: its
+  // own blocks and slots are never assigned, sequences carry this cache's.
+  ModelCache& rank(int r) { return r == 0 ? *this : *shards_.at(static_cast<size_t>(r - 1)); }
 
   const CacheShape& shape() const { return shape_; }
   // Distinct for every cache made in this process: a recorded step (Ops::begin_step) is bound to
@@ -39,7 +51,7 @@ class ModelCache {
   void free_slot(int32_t slot);
   int64_t free_slots() const { return static_cast<int64_t>(free_slots_.size()); }
 
-  // A copy of one slot's recurrent state in every linear-attention layer.
+  // A copy of one slot's recurrent state in every linear-attention layer of every rank.
   struct StateSnapshot {
     std::vector<std::vector<float>> conv, delta;
   };
@@ -56,6 +68,7 @@ class ModelCache {
   std::vector<KvPool> kv_;
   std::vector<Tensor> conv_, delta_;
   std::vector<int32_t> refcount_, free_blocks_, free_slots_;
+  std::vector<std::unique_ptr<ModelCache>> shards_;  // ranks 1..N-1
 };
 
 // One sequence's view of the cache: its blocks, how many tokens are cached, its state slot.

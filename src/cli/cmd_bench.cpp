@@ -1,8 +1,9 @@
 // `qinfer bench`: prefill and decode speed of a model on a device, with decode's achieved memory
 // bandwidth next to a bandwidth probe measured in the same process.
-//   qinfer bench (--model DIR | --shape NAME [--bits B]) [--device cpu|cuda[:N]] [--batch 1,8,32]
-//                [--prompt 512,8192] [--gen 128] [--context 128] [--json]
+//   qinfer bench (--model DIR | --shape NAME [--bits B]) [--device cpu|cuda[:N]] [--tensor-parallel N]
+//                [--batch 1,8,32] [--prompt 512,8192] [--gen 128] [--context 128] [--json]
 //   qinfer bench --shape NAME --print-config
+//   qinfer bench --shape NAME [--bits B] --save DIR
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "models/eval.h"
 #include "models/quantize.h"
 #include "models/random_checkpoint.h"
+#include "parallel/sharding.h"
 #ifdef QINFER_HAVE_CUDA
 #include "backend/cuda/bandwidth.h"
 #include "backend/cuda/device.h"
@@ -38,8 +40,10 @@ double seconds_since(Clock::time_point start) {
 
 // Bytes one decode step of `batch` sequences at `context` cached tokens each must read: every
 // matrix once (of MoE experts, the share a batch is expected to touch), one embedding row per
-// sequence, the head, each attention layer's KV and each recurrent state (read + write).
-double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t context) {
+// sequence, the head, each attention layer's KV and each recurrent state (read + write). Over
+// `ranks` tensor-parallel ranks, what all of them read: the split tensors once, the replicated ones
+// (embeddings, head, norms, router) once per rank.
+double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t context, int ranks = 1) {
   const io::TextConfig& c = ck.config.text;
   double expert_share = 1.0;
   if (c.num_experts > 0) {
@@ -47,10 +51,15 @@ double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t co
     const double k_over_e = static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_experts);
     expert_share = 1.0 - std::pow(1.0 - k_over_e, static_cast<double>(batch));
   }
+  const parallel::ShardPlan plan = parallel::plan_shards(c, 0, ranks);
   double bytes = 0;
   for (const auto& [name, t] : ck.plan.tensors) {
     if (t.group != io::TensorGroup::text) continue;
-    double b = static_cast<double>(t.nbytes());
+    std::string weight = name;  // scales and biases follow their weight
+    if (name.ends_with(".scales") || name.ends_with(".biases")) weight.replace(weight.size() - 7, 7, ".weight");
+    const bool replicated = parallel::slice_of(weight, parallel::logical_shape(t), plan).kind ==
+                            parallel::Slice::replicated;
+    double b = static_cast<double>(t.nbytes()) * (replicated ? ranks : 1);
     if (name.starts_with("model.embed_tokens.")) {
       bytes += b * static_cast<double>(batch) / static_cast<double>(c.vocab_size);  // one row each
       if (c.tie_word_embeddings) bytes += b;  // ... and the whole table as the head
@@ -123,11 +132,11 @@ struct DecodeResult {
 
 // One forward over a fresh `tokens`-token prompt; the second of two runs (the first warms up
 // kernels, GEMM plans and the memory pool).
-PrefillResult measure_prefill(models::Model& model, int64_t tokens, std::mt19937& rng) {
+PrefillResult measure_prefill(models::Runner& model, int64_t tokens, std::mt19937& rng) {
   const std::vector<int32_t> prompt = random_tokens(rng, tokens, model.config().vocab_size);
   double seconds = 0;
   for (int run = 0; run < 2; ++run) {
-    ModelCache cache = models::make_cache(model, tokens + 1);
+    ModelCache cache = model.cache_for(tokens + 1);
     SequenceCache seq;
     models::Batch batch;
     batch.sequences.push_back({prompt, &seq, false});
@@ -140,9 +149,9 @@ PrefillResult measure_prefill(models::Model& model, int64_t tokens, std::mt19937
 
 // `batch` sequences prefilled with `context` tokens, then `gen` greedy steps picked on the device;
 // the median step (forward + sampling + the ids back to the host).
-DecodeResult measure_decode(models::Model& model, const models::Checkpoint& ck, int64_t batch, int64_t context,
-                            int64_t gen, std::mt19937& rng) {
-  ModelCache cache = models::make_cache(model, context + gen + 1, batch);
+DecodeResult measure_decode(models::Runner& model, const models::Checkpoint& ck, int ranks, int64_t batch,
+                            int64_t context, int64_t gen, std::mt19937& rng) {
+  ModelCache cache = model.cache_for(context + gen + 1, batch);
   std::vector<SequenceCache> seqs(static_cast<size_t>(batch));
   models::Batch prefill;
   for (SequenceCache& seq : seqs)
@@ -163,17 +172,18 @@ DecodeResult measure_decode(models::Model& model, const models::Checkpoint& ck, 
     model.ops().sample(logits, params, history, step_index, next);
     steps.push_back(seconds_since(start));
   }
-  return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2), median(host)};
+  return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2, ranks), median(host)};
 }
 
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
   struct Options {
-    std::string model, shape, device = "cpu";
+    std::string model, shape, device = "cpu", save;
     std::vector<int64_t> batch{1}, prompt{128};
     int64_t gen = 32, context = 128;
     int32_t bits = 0;
+    int tensor_parallel = 1;
     bool json = false, print_config = false;
   };
   auto o = std::make_shared<Options>();
@@ -184,16 +194,35 @@ void add_bench_command(CLI::App& app) {
   model_opt->excludes(shape_opt);
   cmd->add_option("--bits", o->bits, "with --shape: MLX affine-quantize the random weights to 2..8 bits (group 64) first");
   cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
+  add_tensor_parallel_flag(cmd, o->tensor_parallel);
   cmd->add_option("--batch", o->batch, "decode batch sizes, comma-separated (default 1)")->delimiter(',');
   cmd->add_option("--prompt", o->prompt, "prefill lengths to time, comma-separated (default 128)")->delimiter(',');
   cmd->add_option("--gen", o->gen, "decode steps to time per batch size (default 32)");
   cmd->add_option("--context", o->context, "tokens each decode sequence holds before the timed steps (default 128)");
   cmd->add_flag("--json", o->json, "print one JSON object instead of the table");
   cmd->add_flag("--print-config", o->print_config, "with --shape: print the config.json of the shape and exit");
+  cmd->add_option("--save", o->save,
+                  "with --shape: write the random checkpoint (quantized with --bits) into this new folder and exit");
   cmd->callback([o] {
     if (o->print_config) {
       QINFER_CHECK(!o->shape.empty(), "--print-config needs --shape");
       fmt::print("{}\n", models::released_shape(o->shape).dump(2));
+      return;
+    }
+    QINFER_CHECK(o->save.empty() || !o->shape.empty(), "--save needs --shape");
+    if (!o->save.empty()) {
+      QINFER_CHECK(!std::filesystem::exists(o->save), "--save {}: the folder exists already", o->save);
+      const std::filesystem::path target = o->save;
+      if (o->bits == 0) {
+        models::write_random_checkpoint(target, models::released_shape(o->shape), 1);
+        return;
+      }
+      const std::filesystem::path bf16 = target.string() + ".bf16-tmp";
+      models::write_random_checkpoint(bf16, models::released_shape(o->shape), 1);
+      models::QuantizeOptions q;
+      q.layout = {quant::Mode::affine, o->bits, 64};
+      models::quantize_checkpoint(bf16, target, q);
+      std::filesystem::remove_all(bf16);
       return;
     }
     if (o->shape.empty()) o->model = model_or_default(o->model);
@@ -226,8 +255,9 @@ void add_bench_command(CLI::App& app) {
 
     auto start = Clock::now();
     models::Checkpoint ck = models::open_checkpoint(dir);
-    std::unique_ptr<Ops> ops = make_ops(o->device);
-    models::Model model(ck, *ops);  // returns with the weights on the device
+    const DeviceModel device = load_device_model(ck, o->device, o->tensor_parallel);  // weights on the device(s)
+    models::Runner& model = *device.model;
+    const int ranks = o->tensor_parallel;
     const double load_s = seconds_since(start);
     const double loaded_bytes = weight_bytes(ck);
     uint64_t params = 0;
@@ -238,6 +268,8 @@ void add_bench_command(CLI::App& app) {
       params += t.quant ? n * 32 / static_cast<uint64_t>(t.quant->bits) : n;  // packed codes hold 32/bits each
     }
     const Probe probe = bandwidth_probe(o->device);
+    // Ranks on GPUs read from N memories at once; host ranks share one.
+    const double ceiling_gbs = probe.gbs * (model.ops().device() == Device::cuda ? ranks : 1);
 
     std::mt19937 rng(7);
     std::vector<PrefillResult> prefills;
@@ -248,7 +280,7 @@ void add_bench_command(CLI::App& app) {
     std::vector<DecodeResult> decodes;
     for (int64_t b : o->batch) {
       log_info("bench: decode at batch {}", b);
-      decodes.push_back(measure_decode(model, ck, b, o->context, o->gen, rng));
+      decodes.push_back(measure_decode(model, ck, ranks, b, o->context, o->gen, rng));
     }
 
     const std::string weights = ck.config.quantization
@@ -263,6 +295,7 @@ void add_bench_command(CLI::App& app) {
                       {"weights", weights},
                       {"params_b", static_cast<double>(params) / 1e9},
                       {"device", probe.device_name},
+                      {"tensor_parallel", ranks},
                       {"load_s", load_s},
                       {"load_gbs", loaded_bytes / load_s / 1e9},
                       {"copy_probe_gbs", probe.gbs},
@@ -280,16 +313,17 @@ void add_bench_command(CLI::App& app) {
                                  {"tok_s", static_cast<double>(d.batch) / d.step_s},
                                  {"bytes_per_step", d.bytes},
                                  {"gbs", gbs},
-                                 {"fraction_of_probe", gbs / probe.gbs}});
+                                 {"fraction_of_probe", gbs / ceiling_gbs}});
       }
       fmt::print("{}\n", out.dump(2));
       return;
     }
     fmt::print("model            {} ({}, {:.2f} B parameters, weights {})\n", model_name, ck.family->name,
                static_cast<double>(params) / 1e9, weights);
-    fmt::print("device           {}; load {:.1f} s ({:.2f} GB/s)\n", probe.device_name, load_s,
-               loaded_bytes / load_s / 1e9);
-    fmt::print("bandwidth probe  {:.1f} GB/s ({})\n", probe.gbs, probe.what);
+    fmt::print("device           {}{}; load {:.1f} s ({:.2f} GB/s)\n", probe.device_name,
+               ranks > 1 ? fmt::format(", tensor parallel {}", ranks) : "", load_s, loaded_bytes / load_s / 1e9);
+    fmt::print("bandwidth probe  {:.1f} GB/s ({}){}\n", probe.gbs, probe.what,
+               ceiling_gbs != probe.gbs ? fmt::format("; x {} GPUs = {:.1f} GB/s", ranks, ceiling_gbs) : "");
     for (const PrefillResult& p : prefills)
       fmt::print("prefill          {} tokens in {:.3f} s: {:.1f} tok/s\n", p.tokens, p.seconds, p.tokens / p.seconds);
     for (const DecodeResult& d : decodes) {
@@ -298,7 +332,7 @@ void add_bench_command(CLI::App& app) {
           "decode batch {:<4} {:.2f} ms/step (host {:.2f}): {:.1f} tok/s; {:.1f} MB/step -> {:.1f} GB/s = {:.1f}% of the "
           "probe\n",
           d.batch, d.step_s * 1e3, d.host_s * 1e3, static_cast<double>(d.batch) / d.step_s, d.bytes / 1e6, gbs,
-          100.0 * gbs / probe.gbs);
+          100.0 * gbs / ceiling_gbs);
     }
     fmt::print("(decode: median over {} steps after a {}-token prompt per sequence)\n", o->gen, o->context);
   });

@@ -29,7 +29,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--system", o->system, "system message");
   add_generation_flags(cmd, o->flags);
   cmd->callback([o] {
-    auto m = load_model((o->model = model_or_default(o->model)), true, o->flags.device);
+    auto m = load_model((o->model = model_or_default(o->model)), true, o->flags.device, o->flags.tensor_parallel);
     struct sigaction action {};
     action.sa_handler = [](int) { g_cancel = true; };
     sigemptyset(&action.sa_mask);
@@ -71,7 +71,7 @@ void add_chat_command(CLI::App& app) {
           std::fflush(stdout);
         };
         const engine::GenerationResult r =
-            engine::generate(*m->model, m->tokenizer, m->tokenizer.encode(text, false), options, emit);
+            engine::generate(m->model(), m->tokenizer, m->tokenizer.encode(text, false), options, emit);
         if (hide) fmt::print("{}", filter.finish());
         fmt::print("{}\n", r.finish_reason == "cancelled" ? " [stopped]" : "");
         messages.push_back({{"role", "assistant"}, {"content", m->tokenizer.decode(r.tokens)}});

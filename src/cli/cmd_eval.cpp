@@ -12,10 +12,7 @@
 #include "cli/generation_options.h"
 #include "core/error.h"
 #include "models/eval.h"
-#include "parallel/communicator.h"
-#ifdef QINFER_HAVE_NCCL
-#include "parallel/nccl_communicator.h"
-#endif
+#include "models/tensor_parallel.h"
 
 namespace qinfer::cli {
 namespace {
@@ -33,16 +30,6 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   }
   QINFER_CHECK(!ids.empty(), "--ids: no token ids given");
   return ids;
-}
-
-// The device of tensor-parallel rank `rank`: cpu and ref ranks share the host; GPU ranks take
-// consecutive GPUs from the one named (cuda:2 with 4 ranks: GPUs 2, 3, 4, 5).
-std::string rank_device(const std::string& device, int rank) {
-  if (!(device == "cuda" || device.starts_with("cuda:"))) return device;
-  const std::string index = device.size() > 5 ? device.substr(5) : "0";
-  QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
-               "--device {}: expected cuda or cuda:N with N a GPU index", device);
-  return fmt::format("cuda:{}", std::stoi(index) + rank);
 }
 
 struct Options {
@@ -97,10 +84,7 @@ void add_eval_command(CLI::App& app) {
                   "write every named intermediate (model.layers.{i}.*) as f32 .bin files plus manifest.json here "
                   "(prefill mode)");
   cmd->add_option("--greedy", o->greedy, "print {\"greedy\":[...]} with N greedy tokens after the prompt");
-  cmd->add_option("--tensor-parallel", o->tensor_parallel,
-                  "split the model over N ranks: threads sharing the host (cpu, ref), or GPUs cuda:K..K+N-1 over "
-                  "NCCL (default 1)")
-      ->check(CLI::Range(1, 64));
+  add_tensor_parallel_flag(cmd, o->tensor_parallel);
   cmd->callback([o] {
     const std::vector<int32_t> ids = parse_ids(o->ids);
     const models::EvalMode mode = models::parse_eval_mode(o->mode);
@@ -113,37 +97,16 @@ void add_eval_command(CLI::App& app) {
     for (int32_t id : ids)
       QINFER_CHECK(id < checkpoint.config.text.vocab_size, "--ids: token id {} is outside the vocabulary (0..{})", id,
                    checkpoint.config.text.vocab_size - 1);
-    // One Ops per rank, made here so that a bad device fails before any thread starts.
-    const int n = o->tensor_parallel;
-    std::vector<std::unique_ptr<Ops>> ops;
-    for (int r = 0; r < n; ++r) ops.push_back(make_ops(n == 1 ? o->device : rank_device(o->device, r)));
-    if (n == 1) {
-      models::Model model(checkpoint, *ops[0]);
-      evaluate(*o, ids, mode, model, *ops[0], true);
+    if (o->tensor_parallel == 1) {
+      const std::unique_ptr<Ops> ops = make_ops(o->device);
+      models::Model model(checkpoint, *ops);
+      evaluate(*o, ids, mode, model, *ops, true);
       return;
     }
     // Every rank runs the same forwards; rank 0 writes the results.
-    const bool gpus = ops[0]->device() == Device::cuda;
-#ifdef QINFER_HAVE_NCCL
-    const parallel::NcclId nccl_id = gpus ? parallel::make_nccl_id() : parallel::NcclId{};
-#else
-    QINFER_CHECK(!gpus, "--tensor-parallel on cuda needs NCCL, which this build did not find (nccl.h and libnccl in "
-                        "the CUDA toolkit)");
-#endif
-    parallel::ThreadGroup group(n);
-    group.run([&](parallel::Communicator& threads) {
-      const int r = threads.rank();
-      parallel::Communicator* comm = &threads;
-#ifdef QINFER_HAVE_NCCL
-      std::unique_ptr<parallel::NcclCommunicator> nccl;
-      if (gpus) {
-        nccl = std::make_unique<parallel::NcclCommunicator>(nccl_id, r, n, std::stoi(rank_device(o->device, r).substr(5)));
-        comm = nccl.get();
-      }
-#endif
-      models::Model model(checkpoint, *ops[static_cast<size_t>(r)], comm);
-      evaluate(*o, ids, mode, model, *ops[static_cast<size_t>(r)], r == 0);
-    });
+    const auto group = load_ranks(checkpoint, o->device, o->tensor_parallel);
+    group->for_each_rank(
+        [&](models::Model& model) { evaluate(*o, ids, mode, model, model.ops(), model.shard().rank == 0); });
   });
 }
 

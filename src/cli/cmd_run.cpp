@@ -32,7 +32,8 @@ void add_run_command(CLI::App& app) {
   cmd->callback([o] {
     QINFER_CHECK(tokenizer::is_valid_utf8(o->prompt), "--prompt: not valid UTF-8 (at byte {})",
                  tokenizer::valid_utf8_prefix(o->prompt));
-    auto m = load_model((o->model = model_or_default(o->model)), !o->raw, o->flags.device);
+    auto m = load_model((o->model = model_or_default(o->model)), !o->raw, o->flags.device,
+                        o->flags.tensor_parallel);
     std::string text = o->prompt;
     if (!o->raw) {
       nlohmann::ordered_json request = {{"messages", nlohmann::ordered_json::array()}};
@@ -55,7 +56,7 @@ void add_run_command(CLI::App& app) {
       std::fwrite(shown.data(), 1, shown.size(), stdout);
       std::fflush(stdout);
     };
-    const engine::GenerationResult r = engine::generate(*m->model, m->tokenizer, prompt, options, emit);
+    const engine::GenerationResult r = engine::generate(m->model(), m->tokenizer, prompt, options, emit);
     if (hide) {
       const std::string rest = filter.finish();
       std::fwrite(rest.data(), 1, rest.size(), stdout);

@@ -37,6 +37,7 @@ void add_serve_command(CLI::App& app) {
     engine::SchedulerOptions scheduler;
     int threads = 0;
     std::string device = "cpu";
+    int tensor_parallel = 1;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)");
@@ -59,6 +60,7 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
   cmd->add_option("--threads", o->threads, "CPU threads for the model (default: all)")->check(CLI::Range(1, 4096));
   cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
+  add_tensor_parallel_flag(cmd, o->tensor_parallel);
   cmd->add_option("--memory-fraction", o->scheduler.memory_fraction,
                   "of a GPU's free memory (after the weights) the KV cache and states may take (default 0.9)")
       ->check(CLI::Range(0.01, 1.0));
@@ -73,7 +75,7 @@ void add_serve_command(CLI::App& app) {
     // The process-wide pool reads QINFER_THREADS when the model first uses it.
     if (o->threads > 0) setenv("QINFER_THREADS", std::to_string(o->threads).c_str(), 1);
 
-    auto m = load_model(dir, /*need_template=*/false, o->device);
+    auto m = load_model(dir, /*need_template=*/false, o->device, o->tensor_parallel);
     try {
       m->chat_template = tokenizer::ChatTemplate::from_model_dir(dir);
     } catch (const qinfer::Error& e) {
@@ -81,7 +83,7 @@ void add_serve_command(CLI::App& app) {
     }
     // Every running sequence decodes one token per step, so a step must hold at least that many.
     o->scheduler.step_token_budget = std::max(o->scheduler.step_token_budget, o->scheduler.max_running);
-    engine::Scheduler scheduler(*m->model, m->tokenizer, o->scheduler);
+    engine::Scheduler scheduler(m->model(), m->tokenizer, o->scheduler);
     server::SchedulerGenerator generator(scheduler);
     const engine::SchedulerOptions& so = scheduler.options();  // with its defaults resolved
 

@@ -51,7 +51,7 @@ std::unique_ptr<Ops> make_ops(const std::string& device) {
     const std::string index = device.size() > 5 ? device.substr(5) : "0";
     QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
                  "--device {}: expected cuda or cuda:N with N a GPU index", device);
-    return make_cuda_ops(std::stoi(index));
+    return make_cuda_ops(std::stoi(index), Precision::fast);
 #else
     fail("--device {}: this build has no CUDA backend (configure with -DQINFER_CUDA=ON where nvcc is installed)",
          device);
@@ -60,12 +60,49 @@ std::unique_ptr<Ops> make_ops(const std::string& device) {
   fail("--device {}: expected cpu, ref or cuda[:N]", device);
 }
 
-std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device) {
+std::string rank_device(const std::string& device, int rank) {
+  if (!(device == "cuda" || device.starts_with("cuda:"))) return device;
+  const std::string index = device.size() > 5 ? device.substr(5) : "0";
+  QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
+               "--device {}: expected cuda or cuda:N with N a GPU index", device);
+  return fmt::format("cuda:{}", std::stoi(index) + rank);
+}
+
+std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint& checkpoint, const std::string& device,
+                                                        int ranks) {
+  // Every rank's backend first, so that a bad device fails before any thread starts.
+  std::vector<std::unique_ptr<Ops>> ops;
+  std::vector<int> gpus;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string d = rank_device(device, r);
+    ops.push_back(make_ops(d));
+    if (ops.back()->device() == Device::cuda) gpus.push_back(std::stoi(d.substr(5)));
+  }
+  return std::make_unique<models::TensorParallelModel>(checkpoint, std::move(ops), std::move(gpus));
+}
+
+DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::string& device, int tensor_parallel) {
+  QINFER_CHECK(tensor_parallel >= 1, "--tensor-parallel {}: must be at least 1", tensor_parallel);
+  if (tensor_parallel > 1) return {nullptr, load_ranks(checkpoint, device, tensor_parallel)};
+  DeviceModel m{make_ops(device), nullptr};
+  m.model = std::make_unique<models::Model>(checkpoint, *m.ops);
+  return m;
+}
+
+void add_tensor_parallel_flag(CLI::App* cmd, int& tensor_parallel) {
+  cmd->add_option("--tensor-parallel", tensor_parallel,
+                  "split the model over N ranks: threads sharing the host (cpu, ref), or GPUs cuda:K..K+N-1 over "
+                  "NCCL (default 1)")
+      ->check(CLI::Range(1, 64));
+}
+
+std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device,
+                                        int tensor_parallel) {
   models::Checkpoint checkpoint = models::open_checkpoint(dir);
   tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(dir);
-  auto loaded = std::unique_ptr<LoadedModel>(new LoadedModel{dir, std::move(checkpoint), make_ops(device),
-                                                             nullptr, std::move(tok), std::nullopt, {}});
-  loaded->model = std::make_unique<models::Model>(loaded->checkpoint, *loaded->ops);
+  auto loaded = std::unique_ptr<LoadedModel>(
+      new LoadedModel{dir, std::move(checkpoint), {}, std::move(tok), std::nullopt, {}});
+  loaded->device = load_device_model(loaded->checkpoint, device, tensor_parallel);
   if (need_template) loaded->chat_template = tokenizer::ChatTemplate::from_model_dir(dir);
   loaded->stop_ids = engine::stop_ids(dir, loaded->checkpoint.config, loaded->tokenizer);
   return loaded;
@@ -89,7 +126,8 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   cmd->add_option("--think", f.think, "show or hide <think> reasoning in the output (default show)")
       ->check(CLI::IsMember({"show", "hide"}));
   cmd->add_flag("!--no-thinking", f.thinking, "ask the template to turn thinking off (enable_thinking=false)");
-  cmd->add_option("--device", f.device, "cpu (default) or cuda[:N]");
+  cmd->add_option("--device", f.device, "cpu (default), ref or cuda[:N]");
+  add_tensor_parallel_flag(cmd, f.tensor_parallel);
 }
 
 }  // namespace qinfer::cli

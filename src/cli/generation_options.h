@@ -1,6 +1,6 @@
 #pragma once
-// What `run` and `chat` share: loading a model with its tokenizer and chat template, and the
-// sampling flags.
+// What the commands share: the backend of --device, the ranks of --tensor-parallel, loading a model
+// with its tokenizer and chat template, and the sampling flags.
 #include <CLI/CLI.hpp>
 
 #include <memory>
@@ -8,15 +8,23 @@
 #include <string>
 
 #include "engine/generate.h"
+#include "models/tensor_parallel.h"
 #include "tokenizer/chat_template.h"
 
 namespace qinfer::cli {
 
+// A model on --device, split over --tensor-parallel ranks: a Model and its backend for 1, else a
+// models::TensorParallelModel (which owns its ranks' backends; `ops` is then null).
+struct DeviceModel {
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<models::Runner> model;
+};
+
 struct LoadedModel {
   std::filesystem::path dir;
   models::Checkpoint checkpoint;
-  std::unique_ptr<Ops> ops;
-  std::unique_ptr<models::Model> model;
+  DeviceModel device;
+  models::Runner& model() { return *device.model; }
   tokenizer::Tokenizer tokenizer;
   std::optional<tokenizer::ChatTemplate> chat_template;
   std::vector<int32_t> stop_ids;
@@ -25,7 +33,18 @@ struct LoadedModel {
 // The backend named by --device: cpu, ref (the scalar reference) or cuda[:N] (CUDA builds).
 std::unique_ptr<Ops> make_ops(const std::string& device);
 
-std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device = "cpu");
+// The device of tensor-parallel rank `rank`: cpu and ref ranks share the host; GPU ranks take
+// consecutive GPUs from the one named (cuda:2 with 4 ranks: GPUs 2, 3, 4, 5).
+std::string rank_device(const std::string& device, int rank);
+// A group of `ranks` ranks on `device` (rank_device), loaded at once.
+std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint& checkpoint, const std::string& device,
+                                                        int ranks);
+DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::string& device, int tensor_parallel);
+// --tensor-parallel N, the same on every command.
+void add_tensor_parallel_flag(CLI::App* cmd, int& tensor_parallel);
+
+std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device = "cpu",
+                                        int tensor_parallel = 1);
 
 // The model used when no --model is given: the bundled demo model, models/demo/ of the source tree
 // (found beside the binary's build folder, or at the source path this binary was built from).
@@ -39,6 +58,7 @@ struct GenerationFlags {
   std::string think = "show";  // show | hide
   bool thinking = true;        // enable_thinking for the template
   std::string device = "cpu";  // cpu | cuda[:N]
+  int tensor_parallel = 1;
 };
 void add_generation_flags(CLI::App* cmd, GenerationFlags& flags);
 

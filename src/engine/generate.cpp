@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "engine/text_stream.h"
-#include "models/eval.h"
 
 namespace qinfer::engine {
 namespace {
@@ -36,7 +35,7 @@ std::vector<int32_t> stop_ids(const std::filesystem::path& model_dir, const io::
   return {ids.begin(), ids.end()};
 }
 
-GenerationResult generate(models::Model& model, const tokenizer::Tokenizer& tokenizer,
+GenerationResult generate(models::Runner& model, const tokenizer::Tokenizer& tokenizer,
                           const std::vector<int32_t>& prompt, const GenerationOptions& options,
                           const std::function<void(std::string_view)>& on_text) {
   QINFER_CHECK(!prompt.empty(), "the prompt is empty");
@@ -45,7 +44,7 @@ GenerationResult generate(models::Model& model, const tokenizer::Tokenizer& toke
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
   QINFER_CHECK(static_cast<int64_t>(prompt.size()) < c.max_position_embeddings,
                "the prompt has {} tokens; this model reads at most {}", prompt.size(), c.max_position_embeddings);
-  ModelCache cache = models::make_cache(model, std::min<int64_t>(total, c.max_position_embeddings));
+  ModelCache cache = model.cache_for(std::min<int64_t>(total, c.max_position_embeddings));
   SequenceCache seq;
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt.size());

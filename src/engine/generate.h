@@ -36,7 +36,7 @@ std::vector<int32_t> stop_ids(const std::filesystem::path& model_dir, const io::
 
 // Streams text chunks to on_text as they become final (never a broken UTF-8 sequence, never a
 // prefix of a stop string that may still complete).
-GenerationResult generate(models::Model& model, const tokenizer::Tokenizer& tokenizer,
+GenerationResult generate(models::Runner& model, const tokenizer::Tokenizer& tokenizer,
                           const std::vector<int32_t>& prompt, const GenerationOptions& options,
                           const std::function<void(std::string_view)>& on_text);
 

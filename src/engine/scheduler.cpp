@@ -59,7 +59,7 @@ int64_t kv_blocks_in_memory(const CacheShape& s, const SchedulerOptions& o, uint
 
 namespace {
 
-SchedulerOptions resolve(const SchedulerOptions& o, const models::Model& model) {
+SchedulerOptions resolve(const SchedulerOptions& o, const models::Runner& model) {
   const int64_t positions = model.config().max_position_embeddings;
   QINFER_CHECK(o.block_size > 0, "scheduler: block_size must be positive, got {}", o.block_size);
   QINFER_CHECK(o.max_running > 0, "scheduler: max_running must be positive, got {}", o.max_running);
@@ -130,11 +130,11 @@ struct Scheduler::Impl {
     Event event;
   };
 
-  Impl(models::Model& model, const tokenizer::Tokenizer& tokenizer, const SchedulerOptions& options)
+  Impl(models::Runner& model, const tokenizer::Tokenizer& tokenizer, const SchedulerOptions& options)
       : model(model),
         tokenizer(tokenizer),
         options(options),
-        cache(model.ops(), model.cache_shape(), options.kv_blocks, options.block_size, options.max_running),
+        cache(model.make_cache(options.kv_blocks, options.block_size, options.max_running)),
         recurrent(model.cache_shape().linear_layers > 0) {}
 
   void validate(const RequestParams& p) const;
@@ -157,7 +157,7 @@ struct Scheduler::Impl {
   void publish();
   void deliver();
 
-  models::Model& model;
+  models::Runner& model;
   const tokenizer::Tokenizer& tokenizer;
   const SchedulerOptions options;
   ModelCache cache;
@@ -562,7 +562,7 @@ void Scheduler::Impl::deliver() {
   }
 }
 
-Scheduler::Scheduler(models::Model& model, const tokenizer::Tokenizer& tokenizer, const SchedulerOptions& options)
+Scheduler::Scheduler(models::Runner& model, const tokenizer::Tokenizer& tokenizer, const SchedulerOptions& options)
     : options_(resolve(options, model)), impl_(std::make_unique<Impl>(model, tokenizer, options_)) {
   impl_->publish();
   impl_->thread = std::thread([impl = impl_.get()] { impl->loop(); });

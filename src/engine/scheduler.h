@@ -99,7 +99,7 @@ class Scheduler {
  public:
   // Starts the scheduler thread. The model and tokenizer must outlive the scheduler, and nothing
   // else may run the model meanwhile. Bad options (step_token_budget < max_running, …) throw.
-  Scheduler(models::Model& model, const tokenizer::Tokenizer& tokenizer, const SchedulerOptions& options);
+  Scheduler(models::Runner& model, const tokenizer::Tokenizer& tokenizer, const SchedulerOptions& options);
   // Finishes every pending request with "cancelled", joins the thread. Not from inside a sink.
   ~Scheduler();
 

@@ -58,11 +58,8 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
   ops.linear(x, k_proj, k_flat);
   ops.linear(x, v_proj, v_flat);
 
-  Tensor q_rows = q.reshape({T * heads, hd}), k_rows = k.reshape({T * kv_heads, hd});
-  ops.rms_norm(q_rows, q_norm, eps, q_rows);
-  ops.rms_norm(k_rows, k_norm, eps, k_rows);
-  ops.rope(q, ctx.positions, rope);
-  ops.rope(k, ctx.positions, rope);
+  ops.rms_norm_rope(q, q_norm, eps, ctx.positions, rope);
+  ops.rms_norm_rope(k, k_norm, eps, ctx.positions, rope);
   ctx.named(name + ".q", q);
   ctx.named(name + ".k", k);
   ctx.named(name + ".v", v);

@@ -76,6 +76,15 @@ CacheShape Model::cache_shape() const {
   return s;
 }
 
+ModelCache Model::make_cache(int64_t num_blocks, int32_t block_size, int64_t num_slots) const {
+  return ModelCache(ops_, cache_shape(), num_blocks, block_size, num_slots);
+}
+
+ModelCache Runner::cache_for(int64_t tokens, int64_t sequences) const {
+  constexpr int32_t kBlock = 16;
+  return make_cache(sequences * ((tokens + kBlock - 1) / kBlock + 1), kBlock, sequences);
+}
+
 Tensor Model::forward(const Batch& batch, ModelCache& cache,
                       const std::function<void(const std::string&, const Tensor&)>& dump) {
   const io::TextConfig& c = config_;
@@ -161,19 +170,21 @@ Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers
   Tensor normed = ctx.alloc({T, c.hidden_size}), delta = ctx.alloc({T, c.hidden_size});
   const float eps = static_cast<float>(c.rms_norm_eps);
   ctx.named("model.embed_tokens", h);
+  if (!layers_.empty()) ops_.rms_norm(h, layers_[0].input_norm, eps, normed);
+  // Each residual add is fused with the norm that follows it (the next layer's input norm after
+  // the mlp); the last one stands alone, the final norm taking only the selected rows.
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DecoderLayer& layer = layers_[i];
     const std::string name = fmt::format("model.layers.{}", i);
-    ops_.rms_norm(h, layer.input_norm, eps, normed);
     std::visit([&](const auto& mixer) { mixer.forward(ctx, normed, delta); }, layer.mixer);
     reduce(delta);
     ctx.named(name + ".mixer", delta);
-    ops_.add(h, delta);
-    ops_.rms_norm(h, layer.post_attention_norm, eps, normed);
+    ops_.add_rms_norm(h, delta, layer.post_attention_norm, eps, normed);
     std::visit([&](const auto& ffn) { ffn.forward(ctx, normed, delta); }, layer.ffn);
     reduce(delta);
     ctx.named(name + ".mlp", delta);
-    ops_.add(h, delta);
+    if (i + 1 < layers_.size()) ops_.add_rms_norm(h, delta, layers_[i + 1].input_norm, eps, normed);
+    else ops_.add(h, delta);
     ctx.named(name, h);
   }
 

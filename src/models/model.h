@@ -31,23 +31,43 @@ struct DecoderLayer {
   std::variant<layers::Mlp, layers::Moe> ffn;
 };
 
-class Model {
+// What the engine (generate, the scheduler, bench) drives: one Model, or a tensor-parallel group of
+// them (models/tensor_parallel.h) that looks like one.
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual const io::TextConfig& config() const = 0;
+  // The backend holding the logits forward() returns: sampling and free-memory queries go there.
+  virtual Ops& ops() const = 0;
+  virtual CacheShape cache_shape() const = 0;  // one rank's (of a group: each rank holds this much)
+  // Caches for every rank: `num_blocks` KV blocks of `block_size` tokens, `num_slots` state slots.
+  virtual ModelCache make_cache(int64_t num_blocks, int32_t block_size, int64_t num_slots) const = 0;
+  // A cache for `sequences` sequences of up to `tokens` tokens each.
+  ModelCache cache_for(int64_t tokens, int64_t sequences = 1) const;
+  // Runs the batch and advances each sequence's cache once. Returns logits f32 [rows, vocab]: every
+  // position of sequences with all_logits, else their last position, in sequence order.
+  virtual Tensor forward(const Batch& batch, ModelCache& cache,
+                         const std::function<void(const std::string&, const Tensor&)>& dump = {}) = 0;
+};
+
+class Model final : public Runner {
  public:
   // With a communicator of size N > 1 the model is rank communicator->rank() of a tensor-parallel
   // group: it loads only its slice of the weights (parallel/sharding.h), its caches hold its heads,
   // and every row-parallel output is summed over the group before the residual add. Every rank runs
   // the same batches in the same order and gets the same logits.
   Model(const Checkpoint& checkpoint, Ops& ops, parallel::Communicator* communicator = nullptr);
-  const io::TextConfig& config() const { return config_; }
+  const io::TextConfig& config() const override { return config_; }
   const parallel::ShardPlan& shard() const { return shard_; }
-  CacheShape cache_shape() const;  // this rank's: its KV heads and GDN heads
-  Ops& ops() const { return ops_; }
+  CacheShape cache_shape() const override;  // this rank's: its KV heads and GDN heads
+  Ops& ops() const override { return ops_; }
+  ModelCache make_cache(int64_t num_blocks, int32_t block_size, int64_t num_slots) const override;
 
   // Runs the batch and advances each sequence's cache. Returns logits f32 [rows, vocab]: every
   // position of sequences with all_logits, else their last position, in sequence order.
   // `dump`, when set, receives every named intermediate (layers.{i}.*, norm, logits).
   Tensor forward(const Batch& batch, ModelCache& cache,
-                 const std::function<void(const std::string&, const Tensor&)>& dump = {});
+                 const std::function<void(const std::string&, const Tensor&)>& dump = {}) override;
 
  private:
   Tensor run(const Batch& batch, const std::vector<int32_t>& tokens, layers::ForwardContext& ctx,

@@ -40,13 +40,15 @@ class ThreadGroup {
   // rank throws is rethrown here; the other ranks, if waiting in a collective, are released with an
   // error so that nothing hangs. A group whose run failed cannot run again.
   void run(const std::function<void(Communicator&)>& body);
+  // Releases every rank waiting in a collective with an error, and fails every later one: for a
+  // driver that runs the ranks on threads of its own (models/tensor_parallel.h) when one fails.
+  void abort();
 
  private:
   class Rank;
   friend class Rank;
   // Waits until every rank arrives (or throws once the group is aborted).
   void barrier();
-  void abort();
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<const Tensor*> published_;  // each rank's host contribution during a collective

@@ -164,6 +164,21 @@ TEST_F(RefOps, RmsNormHandComputedAndInPlace) {
   EXPECT_THROW(ops->rms_norm(xr, ops->alloc(DType::f32, {D + 1}), 1e-6f, xr), Error);
 }
 
+TEST_F(RefOps, AddRmsNormUpdatesTheResidualAndNormsTheSum) {
+  Tensor x = f32_tensor({1, 2}, {1, 2});
+  Tensor delta = f32_tensor({1, 2}, {2, 2});
+  Tensor w = f32_tensor({2}, {1, 2});
+  Tensor y = ops->alloc(DType::f32, {1, 2});
+  ops->add_rms_norm(x, delta, w, 0.0f, y);  // x = [3, 4]: rms = sqrt(12.5)
+  EXPECT_EQ(values(x), (std::vector<float>{3, 4}));
+  EXPECT_NEAR(y.ptr<float>()[0], 3 / std::sqrt(12.5), 1e-6);
+  EXPECT_NEAR(y.ptr<float>()[1], 8 / std::sqrt(12.5), 1e-6);
+  EXPECT_THROW(ops->add_rms_norm(x, delta, w, 1e-6f, x), Error);      // y aliases x
+  EXPECT_THROW(ops->add_rms_norm(x, delta, w, 1e-6f, delta), Error);  // y aliases delta
+  EXPECT_THROW(ops->add_rms_norm(x, delta, ops->alloc(DType::f32, {3}), 1e-6f, y), Error);
+  EXPECT_THROW(ops->add_rms_norm(x, ops->alloc(DType::f32, {2, 2}), w, 1e-6f, y), Error);
+}
+
 TEST_F(RefOps, RmsNormGatedMatchesFormula) {
   const int N = 3, D = 16;
   Tensor x = random_f32({N, D}, rng), z = random_f32({N, D}, rng, 2.0f), w = random_f32({D}, rng);
@@ -251,6 +266,29 @@ TEST_F(RefOps, RopeQwen35SectionsSplitFrequencies11_11_10) {
       if (x.ptr<float>()[i] != 1.0f) rotated.insert(i);
     EXPECT_EQ(rotated, expected[axis]) << "axis " << axis;
   }
+}
+
+TEST_F(RefOps, RmsNormRopeNormsEachHeadThenRotatesIt) {
+  const int64_t T = 3, heads = 2, head_dim = 10, d = 6;
+  const std::vector<int32_t> pos = {0, 5, 41};
+  Tensor positions = host_tensor(DType::i32, {3, T});
+  for (int r = 0; r < 3; ++r) std::copy(pos.begin(), pos.end(), positions.ptr<int32_t>() + r * T);
+  Tensor x = random_f32({T, heads, head_dim}, rng, 3.0f), w = random_f32({head_dim}, rng);
+  std::vector<float> normed = values(x);
+  for (int64_t r = 0; r < T * heads; ++r) {
+    float* v = normed.data() + r * head_dim;
+    double ss = 0;
+    for (int64_t i = 0; i < head_dim; ++i) ss += double(v[i]) * v[i];
+    const float inv_rms = static_cast<float>(1.0 / std::sqrt(ss / head_dim + 1e-6f));  // rms_norm's f32 rounding
+    for (int64_t i = 0; i < head_dim; ++i) v[i] = v[i] * inv_rms * w.ptr<float>()[i];
+  }
+  ops->rms_norm_rope(x, w, 1e-6f, positions, {.rotary_dim = d, .theta = 10000.0});
+  std::vector<std::vector<int>> pos_of(T, std::vector<int>(d / 2));
+  for (int64_t t = 0; t < T; ++t) std::fill(pos_of[t].begin(), pos_of[t].end(), pos[t]);
+  expect_complex_rotation(normed, x, T, heads, head_dim, d, 10000.0, pos_of);
+  EXPECT_THROW(ops->rms_norm_rope(x, ops->alloc(DType::f32, {head_dim + 1}), 1e-6f, positions, {.rotary_dim = d}),
+               Error);
+  EXPECT_THROW(ops->rms_norm_rope(x, w, 1e-6f, ops->alloc(DType::i32, {3, T + 1}), {.rotary_dim = d}), Error);
 }
 
 TEST_F(RefOps, RopeRejectsBadArguments) {

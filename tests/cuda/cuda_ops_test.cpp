@@ -53,7 +53,7 @@ SeqLayout layout_of(const std::vector<int32_t>& lens, std::vector<int32_t> slots
 }
 
 TEST(CudaOps, AllocZeroFillsAndTransfersRoundTrip) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   EXPECT_EQ(ops->name(), "cuda");
   EXPECT_EQ(ops->device(), Device::cuda);
   Tensor zeros = ops->alloc(DType::f32, {3, 5});
@@ -70,11 +70,11 @@ TEST(CudaOps, AllocZeroFillsAndTransfersRoundTrip) {
   EXPECT_EQ(ids_back.shape, ids.shape);
   EXPECT_EQ(ids_back.dtype, DType::i32);
   EXPECT_EQ(bytes_of(ids_back), bytes_of(ids));
-  EXPECT_THROW(make_cuda_ops(1 << 20), Error);
+  EXPECT_THROW(make_cuda_ops(1 << 20, Precision::exact), Error);
 }
 
 TEST(CudaOps, CopyMovesRowViewsInEveryDirection) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(1);
   const Tensor host = random_f32(rng, {4, 6});
   Tensor device = to_device(*ops, host);
@@ -95,7 +95,7 @@ TEST(CudaOps, CopyMovesRowViewsInEveryDirection) {
 }
 
 TEST(CudaOps, CopyColumnsMatchesTheHostCopy) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(2);
   const Tensor src = random_f32(rng, {5, 9});
   Tensor want = random_f32(rng, {5, 4});
@@ -108,7 +108,7 @@ TEST(CudaOps, CopyColumnsMatchesTheHostCopy) {
 }
 
 TEST(CudaOps, DeviceOpsRejectHostTensors) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(3);
   const Tensor x = random_f32(rng, {2, 8});
   Tensor w = to_device(*ops, random_f32(rng, {3, 8}));
@@ -124,7 +124,7 @@ TEST(CudaOps, DeviceOpsRejectHostTensors) {
 // Token ids live on the device, so a bad one is found by the kernel and reported at the next
 // synchronization; the report is cleared once thrown.
 TEST(CudaOps, BadDeviceIndicesThrowAtTheNextSynchronization) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(4);
   Tensor table = to_device(*ops, random_f32(rng, {4, 8}));
   Tensor out = ops->alloc(DType::f32, {2, 8});
@@ -151,7 +151,7 @@ TEST(CudaOps, BadDeviceIndicesThrowAtTheNextSynchronization) {
 // The greedy rule on the device: NaN never wins, ties go to the lowest id, −0 equals +0; other
 // settings take the host path. Both agree with sample_rows.
 TEST(CudaOps, SamplingMatchesTheHostDefinition) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(5);
   const int64_t S = 5, V = 3000;
   Tensor logits = random_f32(rng, {S, V}, 3.0f);
@@ -180,7 +180,7 @@ TEST(CudaOps, SamplingMatchesTheHostDefinition) {
 // The batch layout is uploaded once and reused while it stays the same: a different layout of
 // the same size in the next call must still be seen.
 TEST(CudaOps, AttentionSeesALayoutThatChangedBetweenCalls) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   auto ref = make_ref_ops();
   std::mt19937 rng(6);
   const int64_t heads = 4, kv_heads = 2, hd = 32, blocks = 12;
@@ -206,7 +206,7 @@ TEST(CudaOps, AttentionSeesALayoutThatChangedBetweenCalls) {
 // Long sequences through both delta-rule kernels, with 128-wide heads (four tiles of state rows
 // in the chunked kernel) and chunks that end mid-sequence: each agrees with ref's same algorithm.
 TEST(CudaOps, DeltaRuleKernelsAgreeOnLongSequences) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   auto ref = make_ref_ops();
   std::mt19937 rng(7);
   const int64_t Hk = 2, Hv = 4, Dk = 128, Dv = 128, slots = 4;
@@ -244,7 +244,7 @@ TEST(CudaOps, DeltaRuleKernelsAgreeOnLongSequences) {
 // The caches live on the device: a new slot starts from zeros, and a snapshot taken there restores
 // the same values into another slot.
 TEST(CudaOps, CacheSlotsZeroAndSnapshotOnTheDevice) {
-  auto ops = make_cuda_ops(0);
+  auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(8);
   CacheShape shape;
   shape.attention_layers = 1, shape.kv_heads = 1, shape.head_dim = 8;

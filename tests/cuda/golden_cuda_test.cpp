@@ -22,7 +22,7 @@ class GoldenCuda : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenCuda, LogitsInEveryModeAndGreedy) {
   const std::filesystem::path dir = golden::kGolden / GetParam();
   Checkpoint checkpoint = open_checkpoint(dir);
-  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  std::unique_ptr<Ops> ops = make_cuda_ops(0, Precision::exact);
   Model model(checkpoint, *ops);
   const golden::Reference ref = golden::load_reference(dir);
   for (const char* mode_name : {"prefill", "decode", "chunked:5", "chunked:64"}) {
@@ -46,7 +46,7 @@ TEST_P(GoldenCuda, LogitsInEveryModeAndGreedy) {
 TEST_P(GoldenCuda, BatchOfTwoMatchesSingleRuns) {
   const std::filesystem::path dir = golden::kGolden / GetParam();
   Checkpoint checkpoint = open_checkpoint(dir);
-  std::unique_ptr<Ops> ops = make_cuda_ops(0);
+  std::unique_ptr<Ops> ops = make_cuda_ops(0, Precision::exact);
   Model model(checkpoint, *ops);
   const golden::Reference ref = golden::load_reference(dir);
   const auto& a = ref.prompts[1];

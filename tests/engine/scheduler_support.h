@@ -66,7 +66,7 @@ struct Single {
 };
 
 // The request's choice `choice` run alone through engine::generate (seed + choice).
-inline Single run_alone(models::Model& model, const RequestParams& p, int32_t choice = 0) {
+inline Single run_alone(models::Runner& model, const RequestParams& p, int32_t choice = 0) {
   GenerationOptions o;
   o.sampling = p.sampling;
   o.sampling.seed += static_cast<uint64_t>(choice);

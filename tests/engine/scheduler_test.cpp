@@ -504,12 +504,19 @@ class PoisonOps : public Ops {
   }
   void linear(const Tensor& x, const Weight& w, Tensor& y) override { inner_.linear(x, w, y); }
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override { inner_.rms_norm(x, w, eps, y); }
+  void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) override {
+    inner_.add_rms_norm(x, delta, w, eps, y);
+  }
   void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) override {
     inner_.rms_norm_gated(x, z, w, eps, y);
   }
   void l2_norm(const Tensor& x, float eps, float scale, Tensor& y) override { inner_.l2_norm(x, eps, scale, y); }
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
     inner_.rope(x, positions, params);
+  }
+  void rms_norm_rope(Tensor& x, const Tensor& w, float eps, const Tensor& positions,
+                     const RopeParams& params) override {
+    inner_.rms_norm_rope(x, w, eps, positions, params);
   }
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override { inner_.silu_mul(gate, up, out); }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override { inner_.sigmoid_mul(x, gate); }

@@ -210,6 +210,45 @@ void add_linear_mma(std::vector<Case>& cases) {
   }
 }
 
+// The one-token affine 4/8-bit GEMV (gemv_affine.cu) on the H200's 132 SMs: four rows per warp
+// (4224+ rows), two (2112+), one; more rounds of chunk loads than its pipeline holds for each; blocks
+// and warps past the last row; x in shared memory past 48 KiB (in = 12288) and too large for it (in
+// = 60032: the tiles take it); x magnitudes from 1e-23 to 1e24 (each x chunk gets its own exponent).
+void add_linear_gemv_affine(std::vector<Case>& cases) {
+  struct Shape {
+    int64_t in, out;
+    bool wide;
+    float x_scale;
+  };
+  const Shape shapes[] = {{64, 7, false, 1.0f},     {128, 4501, false, 1.0f}, {3136, 4300, true, 1.0f},
+                          {256, 2500, true, 1.0f},  {4608, 2200, false, 1.0f}, {4160, 1000, false, 1.0f},
+                          {4224, 97, true, 1.0f},   {12288, 33, false, 1.0f}, {1024, 1, true, 1e20f},
+                          {2048, 5, true, 1e-20f},  {60032, 3, false, 1.0f}};
+  constexpr DType kScaleTypes[] = {DType::bf16, DType::f16, DType::f32};
+  for (int bits : {4, 8}) {
+    for (int group : {32, 64, 128}) {
+      const quant::Layout layout{quant::Mode::affine, bits, group};
+      int n = 0;
+      for (const Shape s : shapes) {
+        if (s.in % group != 0) continue;
+        const DType scale_type = kScaleTypes[n++ % 3];
+        cases.push_back({"linear", fmt::format("gemv affine {}-bit g{} {} scales T=1 in={} out={}{} x·{:g}", bits, group,
+                                               name(scale_type), s.in, s.out, s.wide ? " wide x" : "", s.x_scale),
+                         [=](Run& r) {
+                           Tensor x = s.wide ? wide_range_x(r.rng, 1, s.in) : random_tensor(r.rng, DType::f32, {1, s.in});
+                           for (int64_t i = 0; i < s.in; ++i) x.ptr<float>()[i] *= s.x_scale;
+                           Weight w = with_scale_dtype(random_quantized(r.rng, layout, {s.out, s.in}), scale_type);
+                           Tensor y_ref = host_tensor(DType::f32, {1, s.out});
+                           r.ref.linear(x, w, y_ref);
+                           Tensor y = r.dut.alloc(DType::f32, {1, s.out});
+                           r.dut.linear(r.put(x), put_weight(r, w), y);
+                           r.compare("y", y, y_ref, kTol);
+                         }});
+      }
+    }
+  }
+}
+
 void add_embedding(std::vector<Case>& cases) {
   struct Shape { int64_t V, H, T; };
   for (DType dt : kWeightTypes) {
@@ -231,7 +270,10 @@ void add_embedding(std::vector<Case>& cases) {
 
 void add_norms(std::vector<Case>& cases) {
   struct Shape { int64_t N, D; };
-  const Shape shapes[] = {{1, 1}, {3, 17}, {17, 63}, {7, 1024}, {40, 1000}};
+  // Multiples of 4 up to 512 take a warp per row, longer ones up to 8192 a block, both from
+  // registers (every count of float4s per thread); the rest a general loop.
+  const Shape shapes[] = {{1, 1},     {3, 17},   {17, 63},  {5, 64},   {33, 128}, {9, 256},  {4, 384}, {7, 1024},
+                          {40, 1000}, {1, 2048}, {1, 4096}, {3, 5120}, {2, 8192}, {2, 8196}, {3, 2050}};
   for (const Shape s : shapes) {
     const std::string p = fmt::format("N={} D={}", s.N, s.D);
     cases.push_back({"rms_norm", p, [=](Run& r) {
@@ -245,6 +287,18 @@ void add_norms(std::vector<Case>& cases) {
                        Tensor xy = r.put(x);  // in place: y aliases x
                        r.dut.rms_norm(xy, r.put(w), 1e-6f, xy);
                        r.compare("y=x", xy, y_ref, kTol);
+                     }});
+    cases.push_back({"add_rms_norm", p, [=](Run& r) {
+                       Tensor x = random_tensor(r.rng, DType::f32, {s.N, s.D}, 3.0f);
+                       Tensor delta = random_tensor(r.rng, DType::f32, {s.N, s.D});
+                       Tensor w = random_tensor(r.rng, DType::f32, {s.D});
+                       Tensor y_ref = host_tensor(DType::f32, {s.N, s.D});
+                       Tensor x_dut = r.put(x);
+                       r.ref.add_rms_norm(x, delta, w, 1e-6f, y_ref);
+                       Tensor y = r.dut.alloc(DType::f32, {s.N, s.D});
+                       r.dut.add_rms_norm(x_dut, r.put(delta), r.put(w), 1e-6f, y);
+                       r.compare("x", x_dut, x, 0.0);
+                       r.compare("y", y, y_ref, kTol);
                      }});
     cases.push_back({"rms_norm_gated", p, [=](Run& r) {
                        Tensor x = random_tensor(r.rng, DType::f32, {s.N, s.D});
@@ -270,29 +324,49 @@ void add_norms(std::vector<Case>& cases) {
 
 void add_rope(std::vector<Case>& cases) {
   struct Shape { int64_t T, heads, head_dim, rotary; double theta; std::vector<int64_t> section; int32_t max_pos; };
+  // Rotary halves of 1-32, 33-64, 65-128 and 129-256 frequencies; for rms_norm_rope also features
+  // past rotary_dim: none, up to 64, up to 256 and more (Qwen3-Next / Qwen3.5 rotate 64 of 256).
   const std::vector<Shape> shapes = {{1, 1, 2, 2, 1e4, {}, 10},
                                      {3, 4, 64, 64, 1e6, {}, 5000},
                                      {17, 3, 256, 64, 1e7, {11, 11, 10}, 100000},
                                      {5, 2, 128, 128, 5e6, {24, 20, 20}, 3000},
                                      {7, 2, 18, 10, 1e4, {}, 100},
-                                     {65, 8, 128, 128, 1e6, {}, 40000}};
+                                     {65, 8, 128, 128, 1e6, {}, 40000},
+                                     {1, 32, 128, 128, 1e6, {}, 40000},
+                                     {1, 8, 128, 128, 1e6, {}, 40000},
+                                     {9, 3, 256, 256, 1e7, {}, 100000},
+                                     {2, 3, 600, 512, 1e4, {}, 1000},
+                                     {3, 2, 800, 200, 1e4, {}, 1000},
+                                     {1, 5, 256, 64, 1e7, {11, 11, 10}, 100000}};
   for (const Shape& s : shapes) {
-    cases.push_back({"rope",
-                     fmt::format("T={} heads={} hd={} rot={} mrope={}", s.T, s.heads, s.head_dim, s.rotary,
-                                 s.section.empty() ? "no" : "yes"),
-                     [=](Run& r) {
-                       std::vector<int32_t> pos(3 * s.T);
-                       for (int64_t t = 0; t < s.T; ++t) {
-                         pos[t] = static_cast<int32_t>(r.rng.integer(0, s.max_pos));
-                         for (int axis = 1; axis < 3; ++axis)
-                           pos[axis * s.T + t] = s.section.empty() ? pos[t] : static_cast<int32_t>(r.rng.integer(0, s.max_pos));
-                       }
+    const std::string p = fmt::format("T={} heads={} hd={} rot={} mrope={}", s.T, s.heads, s.head_dim, s.rotary,
+                                      s.section.empty() ? "no" : "yes");
+    auto positions_for = [s](Rng& rng) {
+      std::vector<int32_t> pos(3 * s.T);
+      for (int64_t t = 0; t < s.T; ++t) {
+        pos[t] = static_cast<int32_t>(rng.integer(0, s.max_pos));
+        for (int axis = 1; axis < 3; ++axis)
+          pos[axis * s.T + t] = s.section.empty() ? pos[t] : static_cast<int32_t>(rng.integer(0, s.max_pos));
+      }
+      return i32_tensor({3, s.T}, pos);
+    };
+    cases.push_back({"rope", p, [=](Run& r) {
                        const RopeParams params{s.rotary, s.theta, s.section};
-                       Tensor positions = i32_tensor({3, s.T}, pos);
+                       Tensor positions = positions_for(r.rng);
                        Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.heads, s.head_dim});
                        Tensor x_dut = r.put(x);
                        r.ref.rope(x, positions, params);
                        r.dut.rope(x_dut, r.put(positions), params);
+                       r.compare("x", x_dut, x, kTol);
+                     }});
+    cases.push_back({"rms_norm_rope", p, [=](Run& r) {
+                       const RopeParams params{s.rotary, s.theta, s.section};
+                       Tensor positions = positions_for(r.rng);
+                       Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.heads, s.head_dim}, 3.0f);
+                       Tensor w = random_tensor(r.rng, DType::f32, {s.head_dim});
+                       Tensor x_dut = r.put(x);
+                       r.ref.rms_norm_rope(x, w, 1e-6f, positions, params);
+                       r.dut.rms_norm_rope(x_dut, r.put(w), 1e-6f, r.put(positions), params);
                        r.compare("x", x_dut, x, kTol);
                      }});
   }
@@ -371,6 +445,10 @@ void add_attention(std::vector<Case>& cases) {
       {16, 4, 256, 16, {100, 37}, {20, 300}, kTf32Tol},            // head_dim 256, GQA 4
       {8, 1, 256, 7, {50, 9}, {33, 0}, kTf32Tol},                  // head_dim 256, GQA 8, 7-token pages
       {4, 4, 64, 16, {129}, {0}, kTf32Tol},                        // no GQA
+      {32, 8, 128, 7, {1, 17, 100, 300}, {0, 5, 64, 130}, kTf32Tol},  // varlen, lengths off the tile
+      {4, 4, 128, 5, {100, 17}, {0, 200}, kTf32Tol},               // head_dim 128 without GQA
+      {16, 2, 64, 5, {17, 100}, {0, 77}, kTf32Tol},                // head_dim 64, GQA 8, 5-token pages
+      {8, 8, 256, 16, {300, 1}, {40, 0}, kTf32Tol},                // head_dim 256 without GQA
   };
   for (const Shape& s : shapes) {
     cases.push_back({"attention",
@@ -435,33 +513,54 @@ void add_moe(std::vector<Case>& cases) {
                        r.compare("weights", w, w_ref, kTol);
                      }});
   }
-  struct Experts { int64_t T, H, I, E, k; };
-  const Experts shapes[] = {{1, 64, 32, 8, 2}, {5, 63, 17, 4, 2}, {33, 64, 48, 16, 4}, {70, 33, 20, 3, 3}};
+  // Each token picks k distinct experts among the first `used`: fewer than E leaves experts without
+  // tokens, used = k sends every token to the same k. From T = 128 the cuda backend groups the slots
+  // by expert (GEMMs per expert); odd H pads its expert blocks, and bf16 experts then go through the
+  // dequantizing path.
+  struct Experts { int64_t T, H, I, E, k, used; };
+  const auto label = [](const Experts& s) {
+    return fmt::format("T={} H={} I={} E={} k={}{}", s.T, s.H, s.I, s.E, s.k,
+                       s.used < s.E ? fmt::format(" used={}", s.used) : "");
+  };
+  const auto check = [](Run& r, const Experts& s, const Weight& gate, const Weight& up, const Weight& down) {
+    std::vector<int32_t> ids(s.T * s.k), experts(s.used);
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int64_t t = 0; t < s.T; ++t) {
+      std::shuffle(experts.begin(), experts.end(), r.rng.engine());
+      std::copy_n(experts.begin(), s.k, ids.begin() + t * s.k);
+    }
+    Tensor idt = i32_tensor({s.T, s.k}, ids);
+    Tensor weights = host_tensor(DType::f32, {s.T, s.k});
+    for (int64_t i = 0; i < s.T * s.k; ++i) weights.ptr<float>()[i] = r.rng.uniform(0.05f, 1.0f);
+    Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.H});
+    Tensor out_ref = host_tensor(DType::f32, {s.T, s.H});
+    r.ref.moe_experts(x, idt, weights, gate, up, down, out_ref);
+    const auto put = [&](const Weight& w) { return w.quantized() ? put_weight(r, w) : Weight(r.put(w.dense)); };
+    Tensor out = r.dut.alloc(DType::f32, {s.T, s.H});
+    r.dut.moe_experts(r.put(x), r.put(idt), r.put(weights), put(gate), put(up), put(down), out);
+    r.compare("out", out, out_ref, kTol);
+  };
+  const Experts shapes[] = {{1, 64, 32, 8, 2, 8},     {5, 63, 17, 4, 2, 4},      {33, 64, 48, 16, 4, 16},
+                            {70, 33, 20, 3, 3, 3},    {300, 256, 96, 16, 4, 16}, {300, 256, 96, 16, 4, 8},
+                            {200, 256, 96, 16, 1, 1}, {130, 65, 40, 8, 3, 8}};
   for (DType dt : kWeightTypes) {
     for (const Experts s : shapes) {
-      cases.push_back({"moe_experts", fmt::format("{} T={} H={} I={} E={} k={}", name(dt), s.T, s.H, s.I, s.E, s.k),
-                       [=](Run& r) {
-                         std::vector<int32_t> ids(s.T * s.k), experts(s.E);
-                         std::iota(experts.begin(), experts.end(), 0);
-                         for (int64_t t = 0; t < s.T; ++t) {
-                           std::shuffle(experts.begin(), experts.end(), r.rng.engine());
-                           std::copy_n(experts.begin(), s.k, ids.begin() + t * s.k);
-                         }
-                         Tensor idt = i32_tensor({s.T, s.k}, ids);
-                         Tensor weights = host_tensor(DType::f32, {s.T, s.k});
-                         for (int64_t i = 0; i < s.T * s.k; ++i) weights.ptr<float>()[i] = r.rng.uniform(0.05f, 1.0f);
-                         Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.H});
+      cases.push_back({"moe_experts", fmt::format("{} {}", name(dt), label(s)), [=](Run& r) {
                          Tensor gate = random_tensor(r.rng, dt, {s.E, s.I, s.H}, 0.3f);
                          Tensor up = random_tensor(r.rng, dt, {s.E, s.I, s.H}, 0.3f);
                          Tensor down = random_tensor(r.rng, dt, {s.E, s.H, s.I}, 0.3f);
-                         Tensor out_ref = host_tensor(DType::f32, {s.T, s.H});
-                         r.ref.moe_experts(x, idt, weights, gate, up, down, out_ref);
-                         Tensor out = r.dut.alloc(DType::f32, {s.T, s.H});
-                         r.dut.moe_experts(r.put(x), r.put(idt), r.put(weights), r.put(gate), r.put(up), r.put(down),
-                                           out);
-                         r.compare("out", out, out_ref, kTol);
+                         check(r, s, gate, up, down);
                        }});
     }
+  }
+  const quant::Layout q4{quant::Mode::affine, 4, 32};
+  for (const Experts s : {Experts{5, 256, 96, 16, 4, 16}, Experts{300, 256, 96, 16, 4, 8}}) {
+    cases.push_back({"moe_experts", fmt::format("affine 4-bit g32 {}", label(s)), [=](Run& r) {
+                       Weight gate = random_quantized(r.rng, q4, {s.E, s.I, s.H});
+                       Weight up = random_quantized(r.rng, q4, {s.E, s.I, s.H});
+                       Weight down = random_quantized(r.rng, q4, {s.E, s.H, s.I});
+                       check(r, s, gate, up, down);
+                     }});
   }
 }
 
@@ -504,8 +603,11 @@ void add_gdn(std::vector<Case>& cases) {
   }
 
   struct Rule { int64_t Hk, Hv, Dk, Dv; std::vector<int32_t> lens; };
+  // Chunked coverage: partial last chunks, several sequences, Dv past the 32-row tiles and past the
+  // padded key width (17 → 32), and key dims the 16-byte copies cannot take.
   const std::vector<Rule> rules = {{1, 1, 16, 16, {1}},        {2, 4, 32, 16, {3, 65}},   {4, 4, 128, 128, {1, 1}},
-                                   {2, 2, 17, 9, {130, 5, 64}}, {1, 2, 64, 32, {200, 0}}, {2, 4, 128, 128, {70}}};
+                                   {2, 2, 17, 9, {130, 5, 64}}, {1, 2, 64, 32, {200, 0}}, {2, 4, 128, 128, {70}},
+                                   {2, 4, 128, 128, {1, 63, 65, 200}}, {1, 2, 17, 40, {150, 64}}};
   const std::pair<GdnAlgorithm, const char*> algorithms[] = {
       {GdnAlgorithm::recurrent, "recurrent"}, {GdnAlgorithm::chunked, "chunked"}, {GdnAlgorithm::automatic, "auto"}};
   for (const auto& [algorithm, algorithm_name] : algorithms) {
@@ -581,6 +683,7 @@ std::vector<Case> all_cases() {
   add_linear(cases);
   add_linear_quantized(cases);
   add_linear_mma(cases);
+  add_linear_gemv_affine(cases);
   add_embedding(cases);
   add_norms(cases);
   add_rope(cases);

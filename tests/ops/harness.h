@@ -22,6 +22,9 @@ struct Backend {
   std::function<std::unique_ptr<Ops>()> make;
   std::function<Tensor(Ops&, const Tensor& host)> upload;
   std::function<Tensor(const Tensor& device)> download;
+  // A backend that rounds some operands to bf16 by design (cuda's fast precision) is held to at
+  // least this relative RMS error everywhere.
+  double tolerance_floor = 0.0;
   // --perf on an accelerator: its bandwidth ceiling (GB/s, a copy counted read + write), its last
   // cache level, and a timer of queued work (median seconds per call of fn(i), i cycling copies).
   struct Device {

@@ -217,17 +217,49 @@ PerfCase moe_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, DType d
             auto x = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, H}));
             auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, H}));
             auto weights = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, k}));
-            // Each call routes to a different set of experts, as decode does, so weights come from memory.
+            // Each call routes to a different set of experts, as decode does, so weights come from memory;
+            // a prefill's tokens spread evenly over the experts (token t takes block t + r of k experts).
             const int routings = static_cast<int>(E / k);
             auto ids = std::make_shared<std::vector<Tensor>>();
             for (int r = 0; r < routings; ++r) {
               std::vector<int32_t> v(T * k);
-              for (int64_t i = 0; i < T * k; ++i) v[i] = static_cast<int32_t>((r * k + i % k) % E);
+              for (int64_t i = 0; i < T * k; ++i) v[i] = static_cast<int32_t>(((i / k + r) * k + i % k) % E);
               ids->push_back(put(i32_tensor({T, k}, v)));
             }
             const double touched = std::min<double>(E, T * k);
             return Bench{[=, &ops](int i) { ops.moe_experts(*x, (*ids)[i % routings], *weights, *gate, *up, *down, *out); },
                          touched * 3.0 * storage_bytes(dt, H * I), 6.0 * T * k * H * I};
+          }};
+}
+
+// A hidden-state norm over N rows of D: rms_norm, or add_rms_norm (the residual add fused in).
+PerfCase norm_case(const std::string& op, int64_t N, int64_t D) {
+  return {fmt::format("{} {}x{}", op, N, D), [=](Ops& ops, const Put& put) {
+            auto x = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {N, D}));
+            auto delta = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {N, D}));
+            auto w = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {D}));
+            auto y = std::make_shared<Tensor>(ops.alloc(DType::f32, {N, D}));
+            if (op == "add_rms_norm")
+              return Bench{[=, &ops](int) { ops.add_rms_norm(*x, *delta, *w, 1e-6f, *y); }, 16.0 * N * D};
+            return Bench{[=, &ops](int) { ops.rms_norm(*x, *w, 1e-6f, *y); }, 8.0 * N * D};
+          }};
+}
+
+// rope, or rms_norm_rope (the per-head q/k norm fused in), on T tokens of `heads` heads.
+PerfCase rope_case(int64_t T, int64_t heads, int64_t hd, bool norm) {
+  return {fmt::format("{} T={} h={} hd={}", norm ? "rms_norm_rope" : "rope", T, heads, hd),
+          [=](Ops& ops, const Put& put) {
+            std::vector<int32_t> pos(3 * T);
+            for (int64_t i = 0; i < 3 * T; ++i) pos[i] = static_cast<int32_t>(1000 + i % T);
+            auto positions = std::make_shared<Tensor>(put(i32_tensor({3, T}, pos)));
+            auto x = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, heads, hd}));
+            auto w = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {hd}));
+            const RopeParams params{hd, 1e6, {}};
+            return Bench{[=, &ops](int) {
+                           if (norm) ops.rms_norm_rope(*x, *w, 1e-6f, *positions, params);
+                           else ops.rope(*x, *positions, params);
+                         },
+                         8.0 * T * heads * hd};
           }};
 }
 
@@ -246,7 +278,9 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
     fmt::print("backend {}; copy probe {:.1f} GB/s (read + write); last cache {} MiB\n", ops.name(), ceiling / 1e9,
                g_cache_bytes >> 20);
     // Qwen3-8B's decode matrices (q/k/v/o, gate/up, down, the head), at batch 1 / 8 / 32, prefill
-    // GEMMs at 8192 tokens, and the attention and recurrent layers of Qwen3-8B / Qwen3.5-9B.
+    // GEMMs at 8192 tokens, the attention and recurrent layers of Qwen3-8B / Qwen3.5-9B, the expert
+    // layers of Qwen3-30B-A3B (1 / 128 / 8192 tokens) and Qwen3.5-35B-A3B (8192), and the per-layer
+    // norms and rotations (one token: latency-bound; 8192: bandwidth-bound).
     cases = {
         linear_case(1, 4096, 4096, DType::bf16),
         linear_case(1, 4096, 12288, DType::bf16),
@@ -261,14 +295,32 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
         linear_quantized_case(1, 4096, 12288, {quant::Mode::affine, 4, 64}),
         linear_quantized_case(1, 12288, 4096, {quant::Mode::affine, 4, 64}),
         linear_quantized_case(8, 4096, 12288, {quant::Mode::affine, 4, 64}),
+        linear_quantized_case(1, 4096, 1024, {quant::Mode::affine, 4, 64}),
+        linear_quantized_case(1, 4096, 151936, {quant::Mode::affine, 4, 64}),
         linear_quantized_case(1, 4096, 12288, {quant::Mode::affine, 8, 64}),
+        linear_quantized_case(1, 12288, 4096, {quant::Mode::affine, 8, 64}),
+        linear_quantized_case(1, 4096, 4096, {quant::Mode::affine, 8, 64}),
+        linear_quantized_case(1, 4096, 1024, {quant::Mode::affine, 8, 64}),
+        linear_quantized_case(1, 4096, 151936, {quant::Mode::affine, 8, 64}),
         linear_quantized_case(8192, 4096, 12288, {quant::Mode::affine, 4, 64}),
         attention_case(1, 4096, 32, 8, 128),
         attention_case(1, 4096, 16, 4, 256),
         attention_case(8192, 0, 32, 8, 128),
+        attention_case(8192, 0, 16, 4, 256),
         gdn_case(1, GdnAlgorithm::recurrent, 16, 32, 128, 128),
         gdn_case(8192, GdnAlgorithm::chunked, 16, 32, 128, 128),
         moe_case(1, 2048, 768, 128, 8, DType::bf16),
+        moe_case(128, 2048, 768, 128, 8, DType::bf16),
+        moe_case(8192, 2048, 768, 128, 8, DType::bf16),
+        moe_case(8192, 2048, 512, 256, 8, DType::bf16),
+        norm_case("rms_norm", 1, 4096),
+        norm_case("rms_norm", 32, 128),
+        norm_case("add_rms_norm", 1, 4096),
+        norm_case("add_rms_norm", 8192, 4096),
+        rope_case(1, 32, 128, false),
+        rope_case(1, 32, 128, true),
+        rope_case(1, 8, 128, true),
+        rope_case(8192, 32, 128, true),
     };
   } else {
     g_cache_bytes = llc_bytes();
@@ -298,6 +350,8 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
         gdn_case(1024, GdnAlgorithm::chunked, 16, 16, 128, 128),
         gdn_case(1024, GdnAlgorithm::recurrent, 16, 16, 128, 128),
         moe_case(1, 2048, 768, 128, 8, DType::bf16),
+        norm_case("add_rms_norm", 1, 4096),
+        rope_case(1, 32, 128, true),
     };
   }
   fmt::print("{:<52} {:>10} {:>9} {:>8} {:>9}\n", "case", "median ms", "GB/s", "÷probe", "GFLOP/s");

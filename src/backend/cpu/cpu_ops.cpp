@@ -154,6 +154,27 @@ class CpuOps final : public Ops {
     });
   }
 
+  // The add and the norm of each row back to back, with the kernels of add and rms_norm: the same
+  // values as the two ops, the row still in cache for the norm.
+  void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) override {
+    check_rows("add_rms_norm", x, y);
+    check_f32("add_rms_norm", "delta", delta, 2);
+    check_shape("add_rms_norm", "delta", delta, x.shape);
+    const int64_t N = x.dim(0), D = x.dim(1);
+    check_f32("add_rms_norm", "w", w, 1);
+    check_shape("add_rms_norm", "w", w, {D});
+    QINFER_CHECK((y.data != x.data && y.data != delta.data) || y.numel() == 0,
+                 "cpu add_rms_norm: y must not alias x or delta");
+    ctx_.parallel(N, kSerialElements / std::max<int64_t>(D, 1), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* xr = x.ptr<float>() + r * D;
+        ctx_.k.add(xr, delta.ptr<float>() + r * D, D);
+        const float inv = 1.0f / std::sqrt(ctx_.k.sum_sq(xr, D) / static_cast<float>(D) + eps);
+        ctx_.k.scale_mul(xr, inv, w.ptr<float>(), y.ptr<float>() + r * D, D);
+      }
+    });
+  }
+
   void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) override {
     check_rows("rms_norm_gated", x, y);
     const int64_t N = x.dim(0), D = x.dim(1);
@@ -186,37 +207,15 @@ class CpuOps final : public Ops {
   // Angles in f32 exactly as HF computes them (inv_freq, pos·inv_freq, cos, sin), like ref: at
   // position 10⁵ a double angle would differ from HF's by more than the op's tolerance.
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
-    check_f32("rope", "x", x, 3);
-    const int64_t T = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), d = params.rotary_dim, half = d / 2;
-    check_tensor("rope", "positions", positions, 2);
-    QINFER_CHECK(positions.dtype == DType::i32, "cpu rope: positions must be i32, got {}",
-                 qinfer::name(positions.dtype));
-    check_shape("rope", "positions", positions, {3, T});
-    QINFER_CHECK(d > 0 && d % 2 == 0 && d <= head_dim, "cpu rope: rotary_dim {} must be even and in (0, head_dim {}]",
-                 d, head_dim);
-    QINFER_CHECK(params.theta > 0, "cpu rope: theta {} must be positive", params.theta);
-    const auto& section = params.mrope_section;
-    QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
-                 "cpu rope: mrope_section must be empty or 3 non-negative sizes, got {}", shape_str(section));
-    std::vector<int> axis(half, 0);  // position row (t, h, w) of each frequency: interleaved MRoPE
-    std::vector<float> inv_freq(half);
-    for (int64_t i = 0; i < half; ++i) {
-      if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) axis[i] = 1;
-      if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) axis[i] = 2;
-      inv_freq[i] = 1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
-    }
-    const int32_t* pos = positions.ptr<int32_t>();
-    ctx_.parallel(T, kSerialElements / std::max<int64_t>(heads * head_dim, 1), [&](int64_t t0, int64_t t1) {
-      std::vector<float> cos(half), sin(half);
-      for (int64_t t = t0; t < t1; ++t) {
-        for (int64_t i = 0; i < half; ++i) {
-          const float angle = static_cast<float>(pos[axis[i] * T + t]) * inv_freq[i];
-          cos[i] = std::cos(angle), sin[i] = std::sin(angle);
-        }
-        for (int64_t h = 0; h < heads; ++h)
-          ctx_.k.rope_rotate(x.ptr<float>() + (t * heads + h) * head_dim, cos.data(), sin.data(), half);
-      }
-    });
+    rope_heads("rope", x, nullptr, 0.0f, positions, params);
+  }
+
+  void rms_norm_rope(Tensor& x, const Tensor& w, float eps, const Tensor& positions,
+                     const RopeParams& params) override {
+    check_f32("rms_norm_rope", "x", x, 3);
+    check_f32("rms_norm_rope", "w", w, 1);
+    check_shape("rms_norm_rope", "w", w, {x.dim(2)});
+    rope_heads("rms_norm_rope", x, &w, eps, positions, params);
   }
 
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
@@ -379,6 +378,48 @@ class CpuOps final : public Ops {
   }
 
  private:
+  // rope over every head of x, each head first rms_norm'ed by w when w is given (rms_norm_rope).
+  void rope_heads(std::string_view op, Tensor& x, const Tensor* w, float eps, const Tensor& positions,
+                  const RopeParams& params) {
+    check_f32(op, "x", x, 3);
+    const int64_t T = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), d = params.rotary_dim, half = d / 2;
+    check_tensor(op, "positions", positions, 2);
+    QINFER_CHECK(positions.dtype == DType::i32, "cpu {}: positions must be i32, got {}", op,
+                 qinfer::name(positions.dtype));
+    check_shape(op, "positions", positions, {3, T});
+    QINFER_CHECK(d > 0 && d % 2 == 0 && d <= head_dim, "cpu {}: rotary_dim {} must be even and in (0, head_dim {}]",
+                 op, d, head_dim);
+    QINFER_CHECK(params.theta > 0, "cpu {}: theta {} must be positive", op, params.theta);
+    const auto& section = params.mrope_section;
+    QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
+                 "cpu {}: mrope_section must be empty or 3 non-negative sizes, got {}", op, shape_str(section));
+    std::vector<int> axis(half, 0);  // position row (t, h, w) of each frequency: interleaved MRoPE
+    std::vector<float> inv_freq(half);
+    for (int64_t i = 0; i < half; ++i) {
+      if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) axis[i] = 1;
+      if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) axis[i] = 2;
+      inv_freq[i] = 1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
+    }
+    const int32_t* pos = positions.ptr<int32_t>();
+    ctx_.parallel(T, kSerialElements / std::max<int64_t>(heads * head_dim, 1), [&](int64_t t0, int64_t t1) {
+      std::vector<float> cos(half), sin(half);
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t i = 0; i < half; ++i) {
+          const float angle = static_cast<float>(pos[axis[i] * T + t]) * inv_freq[i];
+          cos[i] = std::cos(angle), sin[i] = std::sin(angle);
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+          float* xh = x.ptr<float>() + (t * heads + h) * head_dim;
+          if (w) {
+            const float inv = 1.0f / std::sqrt(ctx_.k.sum_sq(xh, head_dim) / static_cast<float>(head_dim) + eps);
+            ctx_.k.scale_mul(xh, inv, w->ptr<float>(), xh, head_dim);
+          }
+          ctx_.k.rope_rotate(xh, cos.data(), sin.data(), half);
+        }
+      }
+    });
+  }
+
   void check_rows(std::string_view op, const Tensor& x, const Tensor& y) {
     check_f32(op, "x", x, 2);
     check_f32(op, "y", y, 2);

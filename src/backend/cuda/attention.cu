@@ -77,7 +77,20 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
   for (int r = tid; r < kRows; r += kThreads) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 
+  // With hd % 4 == 0 and an aligned pool every row starts 16-byte aligned: one float4 per 4
+  // features keeps several loads in flight per thread, where scalar loads chain their latencies.
   auto load_tile = [&](const float* __restrict__ pool, int kt, int nk) {
+    if (hd % 4 == 0 && reinterpret_cast<uintptr_t>(pool) % 16 == 0) {
+      const int quads = hd / 4;
+      for (int idx = tid; idx < nk * quads; idx += kThreads) {
+        const int j = idx / quads, d = 4 * (idx % quads), p = kt + j;
+        const int64_t pool_row = static_cast<int64_t>(blocks[p / L.block_size]) * L.block_size + p % L.block_size;
+        const float4 v = __ldg(reinterpret_cast<const float4*>(pool + (pool_row * kv_heads + kvh) * hd + d));
+        float* dst = KV + j * pitch + d;
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+      }
+      return;
+    }
     for (int idx = tid; idx < nk * hd; idx += kThreads) {
       const int j = idx / hd, d = idx % hd, p = kt + j;
       const int64_t pool_row = static_cast<int64_t>(blocks[p / L.block_size]) * L.block_size + p % L.block_size;

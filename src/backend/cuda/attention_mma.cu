@@ -1,13 +1,19 @@
-// Prefill attention on the tensor cores: causal paged GQA flash attention with TF32 mma.sync
-// (m16n8k8, f32 accumulation) for both Q·Kᵀ and P·V.
+// Prefill attention on the tensor cores: causal paged GQA flash attention over the f32 pool, in two
+// precisions with f32 accumulation: TF32 mma.sync m16n8k8 (exact mode) and bf16 m16n8k16 (fast mode).
 //
 // A block takes a tile of query rows of one sequence and kv head (rows = tokens × the group's query
 // heads, as in attention.cu, so the group shares every key / value tile) and walks the keys in tiles
-// of kKeys through a double-buffered cp.async pipeline. Each warp owns 16 query rows: its S tile and
-// its output rows stay in registers (the FA2 split), the softmax is online in f32, and P goes from
-// the accumulator layout straight into the A operand (no shuffles) by reading the key dimension of
-// the P·V product in a permuted order that V's B fragments follow. Operands are rounded to TF32
-// (cvt.rna) where they enter an MMA; Q is pre-scaled by scale·log2(e) so the softmax uses exp2.
+// of kKeys, loading tile t + 1 while it computes tile t. Each warp owns 16 query rows: its S tile and
+// its output rows stay in registers (the FA2 split), the softmax is online in f32 (exp2: Q is
+// pre-scaled by scale·log2(e)), causal tiles past a warp's last row are skipped.
+//
+// TF32: K / V tiles come in by cp.async as f32, operands are rounded (cvt.rna) where they enter an
+// MMA, and P goes from the accumulator layout straight into the A operand (no shuffles) by reading
+// the key dimension of P·V in a permuted order that V's B fragments follow.
+// bf16: Q, K and V are rounded to bf16 (RNE) as they are staged into shared memory, from where
+// ldmatrix feeds the MMAs; P is rounded to bf16 for P·V.
+#include <cuda_bf16.h>
+
 #include <limits>
 #include <string>
 
@@ -76,6 +82,7 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, int byt
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 template <int HD>
 __global__ void __launch_bounds__(MmaShape<HD>::kThreads, 1)
@@ -284,23 +291,335 @@ __global__ void __launch_bounds__(MmaShape<HD>::kThreads, 1)
   }
 }
 
+// bf16 mode. Per head_dim: warps (16 query rows each, the TF32 kernel's tiles), keys per tile, and
+// where Q and the next K / V tile wait: registers for head_dim ≤ 128; shared memory for 256, whose
+// 128 output registers per thread leave no room (the tile goes through a cp.async f32 staging area).
 template <int HD>
+struct Bf16Config;
+template <>
+struct Bf16Config<64> {
+  static constexpr int kWarps = 8, kKeys = 64;
+  static constexpr bool kQInRegs = true, kStageInRegs = true;
+};
+template <>
+struct Bf16Config<128> {
+  static constexpr int kWarps = 8, kKeys = 64;
+  static constexpr bool kQInRegs = true, kStageInRegs = true;
+};
+template <>
+struct Bf16Config<256> {
+  static constexpr int kWarps = 4, kKeys = 32;
+  static constexpr bool kQInRegs = false, kStageInRegs = false;
+};
+
+template <int HD>
+struct Bf16Shape {
+  static constexpr int kWarps = Bf16Config<HD>::kWarps, kKeys = Bf16Config<HD>::kKeys;
+  static constexpr bool kQInRegs = Bf16Config<HD>::kQInRegs, kStageInRegs = Bf16Config<HD>::kStageInRegs;
+  static constexpr int kThreads = kWarps * kWarp, kRows = kWarps * 16;
+  static_assert(kRows == MmaShape<HD>::kRows, "both precisions run on the query tiles the caller cut");
+  // Pitch in bf16: rows 16 bytes apart mod 128 put the 8 row addresses of an ldmatrix in distinct
+  // bank groups; the 8-byte stores of a warp (one or two whole rows) stay conflict-free too.
+  static constexpr int kPitch = HD + 8;
+  static constexpr int kTileElems = kKeys * kPitch;  // one K or V tile
+  static constexpr int kQElems = kQInRegs ? 0 : kRows * kPitch;
+  static constexpr int kStageFloats = kStageInRegs ? 0 : kKeys * HD;
+  static constexpr size_t kSharedBytes = sizeof(float) * kStageFloats + sizeof(__nv_bfloat16) * (4 * kTileElems + kQElems);
+  static_assert(kSharedBytes <= MmaShape<HD>::kSharedBytes, "the caller checks the TF32 kernel's (larger) need");
+  static constexpr int kChunksPerRow = HD / 4;  // float4 chunks of one key row
+  static_assert(kThreads % kChunksPerRow == 0, "each thread stages a fixed column of key rows");
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kKeys % kRowsPerPass == 0, "a key tile is whole staging passes");
+  static constexpr int kChunks = kKeys / kRowsPerPass;  // per thread and tile
+};
+
+// Two floats to bf16 (RNE), packed as an MMA operand register: lo in bits 0-15.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// d += a·b for one m16n8k16 bf16 tile (g = lane / 4, t = lane % 4; each register holds 2 k-adjacent
+// values): a0 (g, 2t), a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8); b0 (k 2t, n g), b1 (k 2t+8, n g);
+// c as in mma_tf32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8×8 b16 matrices from shared memory: lanes 8i..8i+7 address the rows of matrix i, which lands
+// in r[i] (lane l: row l/4, columns 2(l%4), +1; with .trans: rows 2(l%4), +1 of column l/4).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+template <int HD>
+__global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
+    attention_bf16_kernel(const float* __restrict__ q, const float* __restrict__ pool_k,
+                          const float* __restrict__ pool_v, AttentionArrays L, int heads, int kv_heads,
+                          float q_scale, int block_shift, float* __restrict__ out) {
+  using S = Bf16Shape<HD>;
+  constexpr int kKeys = S::kKeys, kNT = kKeys / 8, kKS = HD / 16, kHT = HD / 8, kP = S::kPitch;
+  extern __shared__ float4 smem4[];
+  float* staging = reinterpret_cast<float*>(smem4);                                  // [kKeys][HD] f32
+  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(staging + S::kStageFloats);  // [2][kKeys][kP]
+  __nv_bfloat16* Vb = Kb + 2 * S::kTileElems;                                        // [2][kKeys][kP]
+  __nv_bfloat16* Qs = Vb + 2 * S::kTileElems;                                        // [kRows][kP]
+
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, g = lane / 4, tig = lane % 4;
+  // One kv head's tiles after another, so the blocks in flight share its keys in L2; within it the
+  // heaviest tiles (last rows, most keys) first so the causal tail does not straggle.
+  const int num_tiles = static_cast<int>(L.num_tiles), block = static_cast<int>(blockIdx.x);
+  const int kvh = block / num_tiles, tile = num_tiles - 1 - block % num_tiles;
+  const int s = L.tiles[2 * tile], r0 = L.tiles[2 * tile + 1];
+  const int group = heads / kv_heads;
+  const int seq_begin = L.cu_seqlens[s], len = L.cu_seqlens[s + 1] - seq_begin;
+  const int rows = min(S::kRows, len * group - r0);
+  const int cached = L.cached[s];
+  const int block_keys = cached + (r0 + rows - 1) / group + 1;
+  const int key_tiles = (block_keys + kKeys - 1) / kKeys;
+  const int32_t* blocks = L.block_table + static_cast<int64_t>(s) * L.max_blocks;
+  const int bs = L.block_size;
+
+  // Query row r of the tile is token (r0 + r) / group at head kvh·group + (r0 + r) % group.
+  auto q_row = [&](int r) {
+    const int row = r0 + r;
+    return (static_cast<int64_t>(seq_begin + row / group) * heads + kvh * group + row % group) * HD;
+  };
+
+  // This thread's two rows (g and g + 8 of the warp's 16) and their causal limits; padding rows past
+  // `rows` see every key of the block (zero Q, never stored) so they stay finite.
+  const int wr = warp * 16;
+  const bool warp_active = wr < rows;
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wr + g + 8 * h;
+    limit[h] = r < rows ? cached + (r0 + r) / group + 1 : block_keys;
+  }
+  const int warp_last = min(wr + 15, rows - 1);
+  const int warp_keys = cached + (r0 + warp_last) / group + 1;  // past its last row's limit: skip
+  const int warp_unmasked = cached + (r0 + wr) / group + 1;     // keys below every row's limit
+
+  // Staging of a K or V tile: this thread's float4 chunks are rows chunk_row + i·kRowsPerPass at
+  // column chunk_col. stage_begin starts reading keys kt.. from the pool (zeros past the block's
+  // keys); stage_end rounds them into a bf16 tile. With cp.async each thread reads back only what it
+  // wrote, so neither needs a barrier.
+  const int chunk_row = tid / S::kChunksPerRow, chunk_col = (tid % S::kChunksPerRow) * 4;
+  auto pool_offset = [&](int p) {
+    const int page = block_shift >= 0 ? p >> block_shift : p / bs;
+    const int slot = p - page * bs;
+    return ((static_cast<int64_t>(blocks[page]) * bs + slot) * kv_heads + kvh) * HD + chunk_col;
+  };
+  float4 staged[S::kStageInRegs ? S::kChunks : 1];
+  auto stage_begin = [&](const float* pool, int kt) {
+#pragma unroll
+    for (int i = 0; i < S::kChunks; ++i) {
+      const int j = chunk_row + i * S::kRowsPerPass, p = kt + j;
+      if constexpr (S::kStageInRegs) {
+        staged[i] = p < block_keys ? __ldg(reinterpret_cast<const float4*>(pool + pool_offset(p))) : float4{0, 0, 0, 0};
+      } else {
+        const bool live = p < block_keys;
+        cp_async16(staging + j * HD + chunk_col, live ? pool + pool_offset(p) : pool, live ? 16 : 0);
+      }
+    }
+    if constexpr (!S::kStageInRegs) cp_async_commit();
+  };
+  auto stage_end = [&](__nv_bfloat16* dst) {
+    if constexpr (!S::kStageInRegs) cp_async_wait_all();
+#pragma unroll
+    for (int i = 0; i < S::kChunks; ++i) {
+      const int j = chunk_row + i * S::kRowsPerPass;
+      float4 v;
+      if constexpr (S::kStageInRegs) {
+        v = staged[i];
+      } else {
+        v = *reinterpret_cast<const float4*>(staging + j * HD + chunk_col);
+      }
+      *reinterpret_cast<uint2*>(dst + j * kP + chunk_col) = uint2{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
+    }
+  };
+
+  stage_begin(pool_k, 0);
+  // Q, scaled and rounded once: in registers as this lane's A fragments, or in shared memory.
+  uint32_t qa[S::kQInRegs ? kKS : 1][4];
+  if constexpr (S::kQInRegs) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wr + g + 8 * h;
+      const float* src = r < rows ? q + q_row(r) : nullptr;
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float2 v = src ? *reinterpret_cast<const float2*>(src + 16 * ks + 8 * half + 2 * tig) : float2{0, 0};
+          qa[ks][h + 2 * half] = pack_bf16(v.x * q_scale, v.y * q_scale);
+        }
+    }
+  } else {
+    for (int idx = tid; idx < S::kRows * (HD / 4); idx += S::kThreads) {
+      const int r = idx / (HD / 4), c = (idx % (HD / 4)) * 4;
+      float4 v{0, 0, 0, 0};
+      if (r < rows) v = *reinterpret_cast<const float4*>(q + q_row(r) + c);
+      *reinterpret_cast<uint2*>(Qs + r * kP + c) =
+          uint2{pack_bf16(v.x * q_scale, v.y * q_scale), pack_bf16(v.z * q_scale, v.w * q_scale)};
+    }
+  }
+  stage_end(Kb);
+  stage_begin(pool_v, 0);
+  stage_end(Vb);
+  __syncthreads();
+
+  float o[kHT][4];
+#pragma unroll
+  for (int n = 0; n < kHT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's share
+  const int mat = lane / 8, mat_row = lane % 8;  // the ldmatrix matrix and row this lane addresses
+
+  for (int t = 0; t < key_tiles; ++t) {
+    const int kt = t * kKeys;
+    const bool prefetch = t + 1 < key_tiles;
+    const __nv_bfloat16* Ks = Kb + (t & 1) * S::kTileElems;
+    const __nv_bfloat16* Vs = Vb + (t & 1) * S::kTileElems;
+    const bool compute = warp_active && kt < warp_keys;
+    if (prefetch) stage_begin(pool_k, kt + kKeys);
+
+    // S = Q·Kᵀ: K's rows are keys, so plain ldmatrix gives B fragments of key blocks 2jj and 2jj + 1.
+    float sc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    if (compute) {
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks) {
+        uint32_t a[4];
+        if constexpr (S::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[e] = qa[ks][e];
+        } else {
+          ldmatrix_x4(a, Qs + (wr + 8 * (mat % 2) + mat_row) * kP + 16 * ks + 8 * (mat / 2));
+        }
+#pragma unroll
+        for (int jj = 0; jj < kNT / 2; ++jj) {
+          uint32_t b[4];
+          ldmatrix_x4(b, Ks + (16 * jj + 8 * (mat / 2) + mat_row) * kP + 16 * ks + 8 * (mat % 2));
+          mma_bf16(sc[2 * jj], a, b[0], b[1]);
+          mma_bf16(sc[2 * jj + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    if (prefetch) {
+      stage_end(Kb + ((t + 1) & 1) * S::kTileElems);  // its tile was last read before the barrier
+      stage_begin(pool_v, kt + kKeys);
+    }
+
+    if (compute) {
+      // Online softmax (log2 units) of rows g (h = 0: sc[.][0..1]) and g + 8 (h = 1: sc[.][2..3]);
+      // a row's keys sit in the 4 lanes of its quad.
+      const bool masked = kt + kKeys > warp_unmasked;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& v = sc[j][2 * h + e];
+            if (masked && kt + 8 * j + 2 * tig + e >= limit[h]) v = -INFINITY;
+            tile_max = fmaxf(tile_max, v);
+          }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, 2));
+        const float new_max = fmaxf(row_max[h], tile_max);
+        const float base = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: keep the state
+        const float rescale = exp2f(row_max[h] - base);
+        row_max[h] = new_max;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& v = sc[j][2 * h + e];
+            v = exp2f(v - base);
+            sum += v;
+          }
+        row_sum[h] = row_sum[h] * rescale + sum;
+#pragma unroll
+        for (int n = 0; n < kHT; ++n) o[n][2 * h] *= rescale, o[n][2 * h + 1] *= rescale;
+      }
+
+      // O += P·V, one k16 step per 16 keys: the accumulators of key blocks 2kk, 2kk + 1 are the A
+      // fragment as they stand; V's rows are keys, so ldmatrix.trans gives its B fragments.
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                               pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int nn = 0; nn < kHT / 2; ++nn) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, Vs + (16 * kk + 8 * (mat % 2) + mat_row) * kP + 8 * (2 * nn + mat / 2));
+          mma_bf16(o[2 * nn], a, b[0], b[1]);
+          mma_bf16(o[2 * nn + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    if (prefetch) stage_end(Vb + ((t + 1) & 1) * S::kTileElems);
+    __syncthreads();  // tile t + 1 complete, and every warp done with tile t before t + 2 replaces it
+  }
+
+  if (!warp_active) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+    const int r = wr + g + 8 * h;
+    if (r >= rows) continue;
+    const float inv = 1.0f / sum;
+    float* dst = out + q_row(r) + 2 * tig;
+#pragma unroll
+    for (int n = 0; n < kHT; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n) = float2{o[n][2 * h] * inv, o[n][2 * h + 1] * inv};
+  }
+}
+
+template <int HD, bool kBf16>
 void launch_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                 int64_t heads, int64_t kv_heads, float scale, float* out, cudaStream_t stream) {
-  using S = MmaShape<HD>;
-  const auto kernel = attention_mma_kernel<HD>;
+  const auto kernel = kBf16 ? attention_bf16_kernel<HD> : attention_mma_kernel<HD>;
+  const int threads = kBf16 ? Bf16Shape<HD>::kThreads : MmaShape<HD>::kThreads;
+  const size_t shared = kBf16 ? Bf16Shape<HD>::kSharedBytes : MmaShape<HD>::kSharedBytes;
   // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
-  QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(S::kSharedBytes)));
+  QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   const int bs = layout.block_size;
   const int block_shift = (bs & (bs - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(bs)) : -1;
   const int64_t blocks = layout.num_tiles * kv_heads;
   if (blocks > std::numeric_limits<int32_t>::max())
     throw_error("attention_mma: the batch has more query tiles x kv heads than a grid holds");
   const float q_scale = scale * 1.4426950408889634f;  // log2(e): the softmax runs in exp2
-  kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSharedBytes, stream>>>(
+  kernel<<<static_cast<unsigned>(blocks), threads, shared, stream>>>(
       q, pool_k, pool_v, layout, static_cast<int>(heads), static_cast<int>(kv_heads), q_scale, block_shift, out);
-  QINFER_CUDA_CHECK_LAUNCH("attention_mma_kernel<<<>>>");
+  QINFER_CUDA_CHECK_LAUNCH(kBf16 ? "attention_bf16_kernel<<<>>>" : "attention_mma_kernel<<<>>>");
+}
+
+template <int HD>
+void launch_precision(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                      int64_t heads, int64_t kv_heads, float scale, bool bf16, float* out, cudaStream_t stream) {
+  if (bf16) return launch_mma<HD, true>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
+  launch_mma<HD, false>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
 }
 
 }  // namespace
@@ -324,13 +643,13 @@ size_t attention_mma_shared_bytes(int64_t head_dim) {
 }
 
 void launch_attention_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
-                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out,
                           cudaStream_t stream) {
   if (layout.num_tiles == 0 || heads == 0) return;
   switch (head_dim) {
-    case 64: return launch_mma<64>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
-    case 128: return launch_mma<128>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
-    case 256: return launch_mma<256>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
+    case 64: return launch_precision<64>(q, pool_k, pool_v, layout, heads, kv_heads, scale, bf16, out, stream);
+    case 128: return launch_precision<128>(q, pool_k, pool_v, layout, heads, kv_heads, scale, bf16, out, stream);
+    case 256: return launch_precision<256>(q, pool_k, pool_v, layout, heads, kv_heads, scale, bf16, out, stream);
     default: throw_error("attention_mma: head_dim " + std::to_string(head_dim) + " has no tensor-core kernel");
   }
 }

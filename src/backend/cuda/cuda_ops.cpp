@@ -63,6 +63,32 @@ void check_distinct(std::string_view op, std::string_view a_name, const Tensor& 
   QINFER_CHECK(a.data != b.data || a.numel() == 0, "cuda {}: {} must not alias {}", op, a_name, b_name);
 }
 
+// Checks x [T, heads, head_dim], positions and params of a rotary op, and returns its per-frequency
+// constants: inv_freq in f32 exactly as HF (and ref / cpu) compute it; the angles on the device.
+RopeTable rope_table(std::string_view op, const Tensor& x, const Tensor& positions, const RopeParams& params) {
+  check_f32(op, "x", x, 3);
+  const int64_t T = x.dim(0), head_dim = x.dim(2), d = params.rotary_dim, half = d / 2;
+  check_i32(op, "positions", positions, 2);
+  check_shape(op, "positions", positions, {3, T});
+  QINFER_CHECK(d > 0 && d % 2 == 0 && d <= head_dim, "cuda {}: rotary_dim {} must be even and in (0, head_dim {}]", op,
+               d, head_dim);
+  QINFER_CHECK(half <= kRopeMaxHalf, "cuda {}: rotary_dim {} is above the {} this backend supports", op, d,
+               2 * kRopeMaxHalf);
+  QINFER_CHECK(params.theta > 0, "cuda {}: theta {} must be positive", op, params.theta);
+  const auto& section = params.mrope_section;
+  QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
+               "cuda {}: mrope_section must be empty or 3 non-negative sizes, got {}", op, shape_str(section));
+  RopeTable table{};
+  for (int64_t i = 0; i < half; ++i) {
+    table.axis[i] = 0;
+    if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) table.axis[i] = 1;
+    if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) table.axis[i] = 2;
+    table.inv_freq[i] =
+        1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
+  }
+  return table;
+}
+
 // cu_seqlens runs from 0 to `tokens` without decreasing; with `slots` ≥ 0 every sequence names a
 // distinct state slot below it.
 void check_layout(std::string_view op, const SeqLayout& layout, int64_t tokens, int64_t slots) {
@@ -206,7 +232,7 @@ constexpr size_t kGemmScratchElements = size_t{64} << 20;  // dequantized bf16 w
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(int device) {
+  CudaOps(int device, Precision precision) : precision_(precision) {
     const int count = device_count();
     QINFER_CHECK(count > 0, "cuda: no CUDA device is visible (no driver or no GPU); use the cpu backend");
     QINFER_CHECK(device >= 0 && device < count, "cuda: device {} does not exist ({} visible)", device, count);
@@ -424,6 +450,20 @@ class CudaOps final : public Ops {
     launch_rms_norm(x.ptr<float>(), w.ptr<float>(), nullptr, eps, x.dim(0), x.dim(1), y.ptr<float>(), stream());
   }
 
+  void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) override {
+    check_rows("add_rms_norm", x, y);
+    check_f32("add_rms_norm", "delta", delta, 2);
+    check_shape("add_rms_norm", "delta", delta, x.shape);
+    check_f32("add_rms_norm", "w", w, 1);
+    check_shape("add_rms_norm", "w", w, {x.dim(1)});
+    check_distinct("add_rms_norm", "y", y, "x", x);
+    check_distinct("add_rms_norm", "y", y, "delta", delta);
+    enter();
+    if (replaying()) return;
+    launch_add_rms_norm(x.ptr<float>(), delta.ptr<float>(), w.ptr<float>(), eps, x.dim(0), x.dim(1), y.ptr<float>(),
+                        stream());
+  }
+
   void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) override {
     check_rows("rms_norm_gated", x, y);
     check_f32("rms_norm_gated", "z", z, 2);
@@ -443,31 +483,23 @@ class CudaOps final : public Ops {
     launch_l2_norm(x.ptr<float>(), eps, scale, x.dim(0), x.dim(1), y.ptr<float>(), stream());
   }
 
-  // inv_freq in f32 exactly as HF (and ref / cpu) compute it; the angles on the device.
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
-    check_f32("rope", "x", x, 3);
-    const int64_t T = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), d = params.rotary_dim, half = d / 2;
-    check_i32("rope", "positions", positions, 2);
-    check_shape("rope", "positions", positions, {3, T});
-    QINFER_CHECK(d > 0 && d % 2 == 0 && d <= head_dim, "cuda rope: rotary_dim {} must be even and in (0, head_dim {}]",
-                 d, head_dim);
-    QINFER_CHECK(half <= kRopeMaxHalf, "cuda rope: rotary_dim {} is above the {} this backend supports", d,
-                 2 * kRopeMaxHalf);
-    QINFER_CHECK(params.theta > 0, "cuda rope: theta {} must be positive", params.theta);
-    const auto& section = params.mrope_section;
-    QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
-                 "cuda rope: mrope_section must be empty or 3 non-negative sizes, got {}", shape_str(section));
-    RopeTable table{};
-    for (int64_t i = 0; i < half; ++i) {
-      table.axis[i] = 0;
-      if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) table.axis[i] = 1;
-      if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) table.axis[i] = 2;
-      table.inv_freq[i] =
-          1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
-    }
+    const RopeTable table = rope_table("rope", x, positions, params);
     enter();
     if (replaying()) return;
-    launch_rope(x.ptr<float>(), positions.ptr<int32_t>(), T, heads, head_dim, half, table, stream());
+    launch_rope(x.ptr<float>(), positions.ptr<int32_t>(), x.dim(0), x.dim(1), x.dim(2), params.rotary_dim / 2, table,
+                stream());
+  }
+
+  void rms_norm_rope(Tensor& x, const Tensor& w, float eps, const Tensor& positions,
+                     const RopeParams& params) override {
+    const RopeTable table = rope_table("rms_norm_rope", x, positions, params);
+    check_f32("rms_norm_rope", "w", w, 1);
+    check_shape("rms_norm_rope", "w", w, {x.dim(2)});
+    enter();
+    if (replaying()) return;
+    launch_rms_norm_rope(x.ptr<float>(), w.ptr<float>(), eps, positions.ptr<int32_t>(), x.dim(0), x.dim(1), x.dim(2),
+                         params.rotary_dim / 2, table, stream());
   }
 
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
@@ -545,7 +577,7 @@ class CudaOps final : public Ops {
       const AttentionArrays arrays = upload_attention(layout, group, mma_rows);
       if (replaying()) return;
       launch_attention_mma(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, heads, kv_heads,
-                           head_dim, scale, out.ptr<float>(), stream());
+                           head_dim, scale, precision_ == Precision::fast, out.ptr<float>(), stream());
       return;
     }
     const AttentionArrays arrays = upload_attention(layout, group, kAttentionTileRows);
@@ -556,8 +588,10 @@ class CudaOps final : public Ops {
     if (mode_ == Mode::capturing) max_keys = int64_t{layout.max_blocks} * layout.block_size;
     const int64_t blocks = arrays.num_tiles * kv_heads;
     int64_t splits = 1;
-    if (blocks < 2 * sm_count_ && max_keys > 256) {
-      splits = std::min<int64_t>({(2 * sm_count_ + blocks - 1) / blocks, (max_keys + 255) / 256, 64});
+    // One key tile (32) per split at the least: a decode block walks its keys serially, so a few
+    // tiles per block keep the step short while the merge stays cheap.
+    if (blocks < 2 * sm_count_ && max_keys > 64) {
+      splits = std::min<int64_t>({(2 * sm_count_ + blocks - 1) / blocks, (max_keys + 63) / 64, 64});
       while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
     }
     Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
@@ -606,9 +640,110 @@ class CudaOps final : public Ops {
     check_distinct("moe_experts", "out", out, "x", x);
     enter();
     if (replaying()) return;
+    // Grouping reads the routing back to the host, a synchronisation a recorded step cannot hold:
+    // recorded (decode) steps keep the per-token kernels.
+    if (T >= kMoeGroupedMinTokens && mode_ == Mode::eager && k > 0 && H > 0 && I > 0 && E > 0 &&
+        E <= kMoeGroupedMaxExperts)
+      return moe_grouped(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
+                         out.ptr<float>());
     Scratch act = scratch(static_cast<size_t>(T * k * I) * sizeof(float));
     launch_moe_experts(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
                        act.as<float>(), out.ptr<float>(), status_, stream());
+  }
+
+  // moe_experts grouped by expert, per chunk of tokens: the slots sorted by expert on the device and
+  // the counts read back (one synchronisation), then per expert with tokens the gate and up GEMMs on
+  // its gathered rows, silu(gate)·up, the down GEMM into its block of rows, and at the end the
+  // combine of each token's rows in slot order. Operands round as in gemm(): exact precision stacks
+  // x's hi and lo rows into one GEMM per weight (plus hi·w_lo for dequantized weights), and the
+  // activation's pair takes two down GEMMs; fast precision takes the hi operands alone.
+  void moe_grouped(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, const int32_t* ids,
+                   const float* weights, const WeightView& gate, const WeightView& up, const WeightView& down,
+                   float* out) {
+    const auto round_up = [](int64_t n, int64_t align) { return (n + align - 1) / align * align; };
+    const auto bf16 = [](const WeightView& w) { return !w.quantized && w.dtype == DType::bf16; };
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 0; };
+    const bool pairs = precision_ == Precision::exact;
+    const int64_t f = pairs ? 2 : 1;
+    // cuBLASLt's algorithms take 256-byte aligned operands: bf16 experts serve in place when every
+    // expert's slice starts so; other weights are dequantized, one expert at a time, into scratch.
+    const bool in_place = bf16(gate) && bf16(up) && bf16(down) && aligned(gate.data) && aligned(up.data) &&
+                          aligned(down.data) && (I * H) % 128 == 0;
+    const bool gate_up_lo = pairs && !(bf16(gate) && bf16(up)), down_lo = pairs && !bf16(down);
+    // Expert blocks start at multiples of row_align rows, so that bf16 and f32 rows start 256-byte
+    // aligned; 16 at the least, so that GEMM shapes (cuBLASLt plans) come in steps of 16 rows.
+    int64_t row_align = 128;
+    while (row_align > 16 && (row_align / 2 * H) % 128 == 0) row_align /= 2;
+    // Gathered x rows and down rows stay within kChunkBytes per chunk of tokens.
+    constexpr int64_t kChunkBytes = int64_t{512} << 20;
+    const int64_t max_tokens = std::max<int64_t>(1, kChunkBytes / (k * (f * H * 2 + H * 4)));
+    const int64_t chunks = (T + max_tokens - 1) / max_tokens, chunk = (T + chunks - 1) / chunks;
+
+    const int64_t gate_up_elems = round_up(2 * I * H, 128), down_elems = round_up(H * I, 128);
+    Scratch gate_up_w = scratch(in_place ? 0 : static_cast<size_t>((gate_up_lo ? 2 : 1) * gate_up_elems * 2));
+    Scratch down_w = scratch(in_place ? 0 : static_cast<size_t>((down_lo ? 2 : 1) * down_elems * 2));
+    char* gate_up_hi = gate_up_w.as<char>();
+    char* gate_up_lo_w = gate_up_lo ? gate_up_hi + gate_up_elems * 2 : nullptr;
+    char* down_hi = down_w.as<char>();
+    char* down_lo_w = down_lo ? down_hi + down_elems * 2 : nullptr;
+
+    const int64_t work_ints = moe_sort_work_ints(chunk * k, E);
+    Scratch sort = scratch(static_cast<size_t>(work_ints + chunk * k + 2 * E + 1) * sizeof(int32_t));
+    int32_t* slot_row = sort.as<int32_t>() + work_ints;
+    int32_t* meta = slot_row + chunk * k;
+    std::vector<int32_t> counts(2 * E + 1);
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t tokens = std::min(chunk, T - t0), slots = tokens * k;
+      const int32_t* chunk_ids = ids + t0 * k;
+      launch_moe_sort(chunk_ids, slots, t0 * k, E, row_align, sort.as<int32_t>(), slot_row, meta, status_, stream());
+      QINFER_CUDA_CHECK(
+          cudaMemcpyAsync(counts.data(), meta, counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
+      synchronize();  // throws for an expert id out of range
+      const int64_t rows = counts[2 * E];
+      int64_t max_padded = 0;
+      for (int64_t e = 0; e < E; ++e) max_padded = std::max(max_padded, round_up(counts[e], row_align));
+      Scratch x_rows = scratch(static_cast<size_t>(f * rows * H * 2));
+      Scratch down_rows = scratch(static_cast<size_t>(rows * H) * sizeof(float));
+      launch_moe_gather(x + t0 * H, H, k, slots, chunk_ids, slot_row, meta, E, row_align, pairs, x_rows.as<char>(),
+                        stream());
+      // gate and up outputs (side by side, or one after the other), and the activation's bf16 pair.
+      const int64_t y_elems = round_up(f * max_padded * I, 64), act_elems = round_up(max_padded * I, 128);
+      Scratch y = scratch(static_cast<size_t>(2 * y_elems) * sizeof(float));
+      Scratch act = scratch(static_cast<size_t>((pairs ? 2 : 1) * act_elems * 2));
+      char* act_hi = act.as<char>();
+      char* act_lo = pairs ? act_hi + act_elems * 2 : nullptr;
+      for (int64_t e = 0; e < E; ++e) {
+        if (counts[e] == 0) continue;
+        const int64_t padded = round_up(counts[e], row_align), first = counts[E + e];
+        const char* xe = x_rows.as<char>() + f * first * H * 2;
+        float* de = down_rows.as<float>() + first * H;
+        float* y_gate = y.as<float>();
+        float* y_up = y_gate + y_elems;
+        int64_t ld = I;
+        if (in_place) {
+          bf16_gemm_->run(xe, f * padded, static_cast<const char*>(gate.data) + e * I * H * 2, I, H, y_gate, I, false,
+                          stream());
+          bf16_gemm_->run(xe, f * padded, static_cast<const char*>(up.data) + e * I * H * 2, I, H, y_up, I, false,
+                          stream());
+        } else {
+          launch_dequantize_rows_bf16_pair(gate, e * I, I, gate_up_hi, gate_up_lo_w, stream());
+          launch_dequantize_rows_bf16_pair(up, e * I, I, gate_up_hi + I * H * 2,
+                                           gate_up_lo_w ? gate_up_lo_w + I * H * 2 : nullptr, stream());
+          y_up = y_gate + I;
+          ld = 2 * I;
+          bf16_gemm_->run(xe, f * padded, gate_up_hi, 2 * I, H, y_gate, ld, false, stream());
+          if (gate_up_lo) bf16_gemm_->run(xe, padded, gate_up_lo_w, 2 * I, H, y_gate, ld, true, stream());
+        }
+        launch_moe_silu_mul(y_gate, y_up, ld, padded, I, pairs, act_hi, act_lo, stream());
+        const void* down_e = down_hi;
+        if (in_place) down_e = static_cast<const char*>(down.data) + e * H * I * 2;
+        else launch_dequantize_rows_bf16_pair(down, e * H, H, down_hi, down_lo_w, stream());
+        bf16_gemm_->run(act_hi, padded, down_e, H, I, de, H, false, stream());
+        if (pairs) bf16_gemm_->run(act_lo, padded, down_e, H, I, de, H, true, stream());
+        if (down_lo) bf16_gemm_->run(act_hi, padded, down_lo_w, H, I, de, H, true, stream());
+      }
+      launch_moe_combine(down_rows.as<float>(), slot_row, weights + t0 * k, tokens, k, H, out + t0 * H, stream());
+    }
   }
 
   void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g,
@@ -679,12 +814,14 @@ class CudaOps final : public Ops {
 
     // Which sequences take the chunked form: forced, or chosen for long sequences (as ref does)
     // when the kernel holds these head dims.
-    const bool chunk_fits = delta_chunked_shared_bytes(Dk, Dv) <= max_shared_;
+    const bool chunk_fits = Dk <= kDeltaChunkedMaxDk && delta_chunked_shared_bytes(Dk) <= max_shared_;
     QINFER_CHECK(algorithm != GdnAlgorithm::chunked || chunk_fits,
-                 "cuda {}: the chunked kernel needs {} bytes of shared memory for Dk {}, above this GPU's {}", op,
-                 delta_chunked_shared_bytes(Dk, Dv), Dk, max_shared_);
+                 "cuda {}: the chunked kernels take key head dims up to {} within this GPU's {} bytes of shared "
+                 "memory, got Dk {}",
+                 op, kDeltaChunkedMaxDk, max_shared_, Dk);
     recurrent_seqs_.clear();
     chunked_seqs_.clear();
+    int64_t max_chunked_len = 0;
     const auto& cu = layout.cu_seqlens;
     for (int64_t s = 0; s < layout.num_seqs(); ++s) {
       const int64_t len = cu[s + 1] - cu[s];
@@ -692,6 +829,7 @@ class CudaOps final : public Ops {
       const bool chunked = algorithm == GdnAlgorithm::chunked ||
                            (algorithm == GdnAlgorithm::automatic && chunk_fits && len > kDeltaChunk);
       (chunked ? chunked_seqs_ : recurrent_seqs_).push_back(static_cast<int32_t>(s));
+      if (chunked) max_chunked_len = std::max(max_chunked_len, len);
     }
     const SeqArrays arrays = upload_seqs(delta_layout_, layout, &recurrent_seqs_, &chunked_seqs_);
     if (replaying()) return;
@@ -700,9 +838,10 @@ class CudaOps final : public Ops {
     launch_delta_rule_recurrent(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
                                 arrays, recurrent_list, static_cast<int64_t>(recurrent_seqs_.size()), Hk, Hv, Dk, Dv,
                                 state.ptr<float>(), out.ptr<float>(), stream());
+    Scratch work = scratch(chunked_seqs_.empty() ? 0 : delta_chunked_work_floats(T, Hv, Dk) * sizeof(float));
     launch_delta_rule_chunked(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
-                              arrays, chunked_list, static_cast<int64_t>(chunked_seqs_.size()), Hk, Hv, Dk, Dv,
-                              state.ptr<float>(), out.ptr<float>(), stream());
+                              arrays, chunked_list, static_cast<int64_t>(chunked_seqs_.size()), max_chunked_len, T,
+                              Hk, Hv, Dk, Dv, work.as<float>(), state.ptr<float>(), out.ptr<float>(), stream());
   }
 
   // --- recorded steps (CUDA graphs) ---------------------------------------------------------------
@@ -998,10 +1137,10 @@ class CudaOps final : public Ops {
   }
 
   // y = x · wᵀ for more tokens than the GEMV takes. f32 weights: cuBLAS fp32 GEMM. Others: the
-  // tensor cores on bf16 operands with f32 accumulation, each operand split into a bf16 pair
-  // hi + lo (launch.h) so that the result keeps f32-like accuracy: x·w = hi·w + lo·w for bf16
-  // weights (exact in bf16 already); for other formats the dequantized rows split too and
-  // hi·hi + lo·hi + hi·lo (lo·lo is below f32 rounding).
+  // tensor cores on bf16 operands with f32 accumulation. Exact precision splits each operand into a
+  // bf16 pair hi + lo (launch.h) so that the result keeps f32-like accuracy: x·w = hi·w + lo·w for
+  // bf16 weights (exact in bf16 already); for other formats the dequantized rows split too and
+  // hi·hi + lo·hi + hi·lo (lo·lo is below f32 rounding). Fast precision takes hi·hi alone.
   void gemm(const float* x, int64_t T, const WeightView& w, float* y) {
     const int64_t out = w.rows, in = w.in;
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
@@ -1016,25 +1155,27 @@ class CudaOps final : public Ops {
                    "cublasSgemm");
       return;
     }
+    const bool pairs = precision_ == Precision::exact;
     const size_t x_bytes = static_cast<size_t>(T * in) * 2;
-    Scratch x_pair = scratch(2 * x_bytes);
+    Scratch x_pair = scratch((pairs ? 2 : 1) * x_bytes);
     void* x_hi = x_pair.as<char>();
-    void* x_lo = x_pair.as<char>() + x_bytes;
+    void* x_lo = pairs ? x_pair.as<char>() + x_bytes : nullptr;
     launch_to_bf16_pair(x, T * in, x_hi, x_lo, stream());
     if (!w.quantized && w.dtype == DType::bf16) {
       bf16_gemm_->run(x_hi, T, w.data, out, in, y, out, false, stream());
-      bf16_gemm_->run(x_lo, T, w.data, out, in, y, out, true, stream());
+      if (pairs) bf16_gemm_->run(x_lo, T, w.data, out, in, y, out, true, stream());
       return;
     }
     const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchElements) / in, 1, out);
     const size_t w_bytes = static_cast<size_t>(chunk * in) * 2;
-    Scratch w_pair = scratch(2 * w_bytes);
+    Scratch w_pair = scratch((pairs ? 2 : 1) * w_bytes);
     void* w_hi = w_pair.as<char>();
-    void* w_lo = w_pair.as<char>() + w_bytes;
+    void* w_lo = pairs ? w_pair.as<char>() + w_bytes : nullptr;
     for (int64_t row0 = 0; row0 < out; row0 += chunk) {
       const int64_t n = std::min(chunk, out - row0);
       launch_dequantize_rows_bf16_pair(w, row0, n, w_hi, w_lo, stream());
       bf16_gemm_->run(x_hi, T, w_hi, n, in, y + row0, out, false, stream());
+      if (!pairs) continue;
       bf16_gemm_->run(x_lo, T, w_hi, n, in, y + row0, out, true, stream());
       bf16_gemm_->run(x_hi, T, w_lo, n, in, y + row0, out, true, stream());
     }
@@ -1105,6 +1246,7 @@ class CudaOps final : public Ops {
 
   std::shared_ptr<Stream> stream_;
   cublasHandle_t cublas_ = nullptr;
+  Precision precision_;
   std::unique_ptr<Bf16Gemm> bf16_gemm_;  // made once the device is current
   DeviceStatus* status_ = nullptr;
   int sm_count_ = 0;
@@ -1166,6 +1308,8 @@ CUstream_st* stream_of(Ops& ops) { return cuda_ops(ops, "cuda::stream_of").strea
 
 namespace qinfer {
 
-std::unique_ptr<Ops> make_cuda_ops(int device) { return std::make_unique<cuda::CudaOps>(device); }
+std::unique_ptr<Ops> make_cuda_ops(int device, Precision precision) {
+  return std::make_unique<cuda::CudaOps>(device, precision);
+}
 
 }  // namespace qinfer

@@ -9,10 +9,17 @@ struct CUstream_st;  // cudaStream_t, without the CUDA headers
 
 namespace qinfer {
 
+// How prefill-sized work (more tokens than the decode GEMV takes) rounds its operands. `exact` splits
+// every f32 activation and dequantized weight into a bf16 pair (hi + lo, ~16 mantissa bits) and
+// attention runs in TF32: within ~1e-3 of an f32 forward, at two to three GEMMs per linear. `fast`
+// rounds them to bf16 once — what a bf16 model does in PyTorch or vLLM — at one GEMM per linear and
+// bf16 attention. Decode steps are exact in both (their GEMVs split x exactly at no cost).
+enum class Precision { exact, fast };
+
 // The cuda backend on `device`: tensors live in device memory (a stream-ordered pool; alloc
 // zero-fills), every op is enqueued on one stream owned by the Ops, and the host waits only where it
 // reads results (sample, copies into host memory). Throws when there is no such device.
-std::unique_ptr<Ops> make_cuda_ops(int device = 0);
+std::unique_ptr<Ops> make_cuda_ops(int device, Precision precision);
 
 }  // namespace qinfer
 

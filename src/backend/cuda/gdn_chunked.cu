@@ -1,199 +1,472 @@
-// The gated delta rule in its chunked WY / UT-transform form (ref/gated_delta.cpp derives it). Per
-// chunk of n ≤ 64 tokens with state S0 at its start and G_u = g_0 + … + g_u:
-//   A[u,w] = β_u e^{G_u−G_w} (k_u·k_w) for w < u,   T = (I + A)⁻¹ (forward substitution),
-//   δ = T · R,  R[w] = β_w (v_w − e^{G_w} S0 k_w)   (= U − W S0ᵀ of ref, by linearity),
-//   o_t = e^{G_t} S0 q_t + Σ_{u≤t} e^{G_t−G_u} (q_t·k_u) δ_u,
+// The gated delta rule in its chunked WY / UT-transform form (ref/gated_delta.cpp derives it), on the
+// tensor cores. Per chunk of n ≤ 64 tokens with state S0 at its start and G_u = g_0 + … + g_u:
+//   A[u,w] = β_u e^{G_u−G_w} (k_u·k_w) for w < u,   (I + A) W = β e^{G} K,   (I + A) U = β V,
+//   δ = U − W S0ᵀ,   o_t = e^{G_t} S0 q_t + Σ_{u≤t} P[t,u] δ_u,   P[t,u] = e^{G_t−G_u} (q_t·k_u),
 //   S_n = e^{G_{n−1}} S0 + Σ_u e^{G_{n−1}−G_u} δ_u k_uᵀ.
-// Every quantity is independent across state rows (the value dim) except A and T, so a block takes
-// one (sequence, value head, run of 32 state rows) and recomputes A and T itself; its state rows,
-// the chunk's keys and queries, R / δ and A / T / P live in shared memory.
+// chunk_prep_kernel computes every (chunk, value head)'s W, U, P and decays at once; chunk_scan_kernel
+// then walks the chunks in order per (sequence, value head, 32 state rows), each warp holding its 16
+// state rows in registers (state rows evolve independently given W, K, Q, P). Products run as 3xTF32
+// (hi·hi + hi·lo + lo·hi, f32 accumulation), as accurate as f32; the triangular solve is f32 FMAs.
 #include "backend/cuda/common.cuh"
 
 namespace qinfer::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kC = static_cast<int>(kDeltaChunk);
-constexpr int kDvTile = 32;
-constexpr int kPerThread = kC * kDvTile / kThreads;  // δ entries each thread holds between phases
-static_assert(kThreads >= kC, "the triangular solve gives each column of T one thread");
+static_assert(kC == 64, "the kernels tile a chunk as 4 × 16 rows and 8 × 8 columns");
+constexpr int kPrepThreads = 256;
+constexpr int kScanWarps = 2;
+constexpr int kScanThreads = kScanWarps * kWarp;
+constexpr int kRowsPerWarp = 16;
+constexpr int kDvTile = kScanWarps * kRowsPerWarp;
 
-struct Layout {
-  int pk, pr, pm;  // row pitches (odd: column walks across rows hit distinct banks)
-  int64_t floats;  // after the kC doubles of G
-};
+// Key head dims are zero-padded to one of the compiled widths.
+int padded_dk(int64_t Dk) { return Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128; }
 
-__host__ __device__ inline Layout layout_for(int Dk) {
-  Layout l{Dk + 1, kDvTile + 1, kC + 1, 0};
-  l.floats = int64_t{kDvTile} * l.pk + 2 * int64_t{kC} * l.pk + int64_t{kC} * l.pr + int64_t{kC} * l.pm + 3 * kC;
-  return l;
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
-    delta_chunked_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                         const float* __restrict__ g, const float* __restrict__ beta, SeqArrays L,
-                         const int32_t* __restrict__ seqs, int64_t Hk, int64_t Hv, int Dk, int Dv,
-                         float* __restrict__ state, float* __restrict__ out) {
-  extern __shared__ double chunk_smem[];
-  const Layout lay = layout_for(Dk);
-  const int pk = lay.pk, pr = lay.pr, pm = lay.pm;
-  double* G = chunk_smem;                               // [kC] cumulative log decay
-  float* S = reinterpret_cast<float*>(G + kC);         // [kDvTile, pk] this block's state rows
-  float* K = S + kDvTile * pk;                          // [kC, pk]
-  float* Q = K + kC * pk;                               // [kC, pk]
-  float* R = Q + kC * pk;                               // [kC, pr]: v, then R, then δ
-  float* M = R + kC * pr;                               // [kC, pm]: I + A, then T, then P
-  float* b = M + kC * pm;                               // [kC] β
-  float* eG = b + kC;                                   // [kC] e^{G_u}
-  float* to_end = eG + kC;                              // [kC] e^{G_{n−1} − G_u}
+// x ≈ hi + lo with both TF32: hi·hi + hi·lo + lo·hi misses only lo·lo (2⁻²² relative).
+struct Split {
+  uint32_t hi, lo;
+};
+__device__ __forceinline__ Split split(float x) {
+  const uint32_t hi = to_tf32(x);
+  return {hi, to_tf32(x - __uint_as_float(hi))};
+}
 
-  const int tid = threadIdx.x;
+// d += a·b for one m16n8k8 TF32 tile. Fragments (g = lane / 4, t = lane % 4): a0 (g, t), a1 (g+8, t),
+// a2 (g, t+4), a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c0/c1 (g, 2t/2t+1), c2/c3 (g+8, ...).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += a·b in 3xTF32, the small terms first.
+__device__ __forceinline__ void mma3(float (&d)[4], const Split (&a)[4], Split b0, Split b1) {
+  mma_tf32(d, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b0.hi, b1.hi);
+  mma_tf32(d, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b0.lo, b1.lo);
+  mma_tf32(d, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b0.hi, b1.hi);
+}
+
+// Global → shared copies; a dead one fills zeros without reading.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool live) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(live ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool live) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(addr), "l"(src), "r"(live ? 8 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool live) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(addr), "l"(src), "r"(live ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Work memory, indexed by token like the inputs: W [T, Hv, kDk], P [T, Hv, kC] (row t of its chunk's
+// P), decays [T, Hv] (e^{G_t}, e^{G_{n−1}−G_t}). U goes to `out`, which the scan overwrites with o.
+struct Work {
+  float* w;
+  float* p;
+  float2* decay;
+};
+Work work_at(float* base, int64_t T, int64_t Hv, int kDk) {
+  float* p = base + T * Hv * kDk;
+  return {base, p, reinterpret_cast<float2*>(p + T * Hv * kC)};
+}
+
+template <int kDk>
+struct PrepShared {
+  static constexpr int kPitch = kDk + 4;   // ≡ 4 (mod 32): fragment reads (row g, column t) hit 32 banks
+  static constexpr int kAPitch = kC + 8;   // rows stay 16-byte aligned for the solve's float4 reads
+  static constexpr size_t kBytes = kC * sizeof(double) + sizeof(float) * (2 * kC * kPitch + kC * kAPitch + 2 * kC);
+};
+
+// x_u = x_u − Σ_{w<u} A[u,w] x_w down one column of pitch Sh::kPitch, the column in registers.
+template <typename Sh>
+__device__ __forceinline__ void solve_column(float* col, const float* As) {
+  float x[kC];
+#pragma unroll
+  for (int u = 0; u < kC; ++u) x[u] = col[u * Sh::kPitch];
+#pragma unroll
+  for (int u = 1; u < kC; ++u) {
+    const float* a_row = As + u * Sh::kAPitch;
+    float acc0 = x[u], acc1 = 0.0f;  // two chains for latency
+#pragma unroll
+    for (int w = 0; w < u; w += 4) {
+      const float4 a4 = *reinterpret_cast<const float4*>(a_row + w);
+      acc0 = fmaf(-a4.x, x[w], acc0);
+      if (w + 1 < u) acc1 = fmaf(-a4.y, x[w + 1], acc1);
+      if (w + 2 < u) acc0 = fmaf(-a4.z, x[w + 2], acc0);
+      if (w + 3 < u) acc1 = fmaf(-a4.w, x[w + 3], acc1);
+    }
+    x[u] = acc0 + acc1;
+  }
+#pragma unroll
+  for (int u = 0; u < kC; ++u) col[u * Sh::kPitch] = x[u];
+}
+
+// One block per (chunk, value head): A and P on the tensor cores, then W and U by forward
+// substitution.
+template <int kDk>
+__global__ void __launch_bounds__(kPrepThreads, 2)
+    chunk_prep_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                      const float* __restrict__ g, const float* __restrict__ beta, SeqArrays L,
+                      const int32_t* __restrict__ seqs, int64_t Hk, int64_t Hv, int Dk, int Dv, Work work,
+                      float* __restrict__ u_out) {
+  using Sh = PrepShared<kDk>;
+  extern __shared__ float4 prep_smem[];  // 16-byte aligned for the solve's float4 reads
+  double* G = reinterpret_cast<double*>(prep_smem);  // [kC] cumulative log decay
+  float* Ks = reinterpret_cast<float*>(G + kC);   // [kC, kPitch]
+  float* Qs = Ks + kC * Sh::kPitch;                // [kC, kPitch]
+  float* As = Qs + kC * Sh::kPitch;                // [kC, kAPitch] A, zero on and above the diagonal
+  float* b = As + kC * Sh::kAPitch;                // [kC] β
+  float* bg = b + kC;                              // [kC] β e^{G}
+
+  const int s = seqs[blockIdx.x];
+  const int64_t first = L.cu_seqlens[s];
+  const int len = L.cu_seqlens[s + 1] - L.cu_seqlens[s];
+  const int c0 = static_cast<int>(blockIdx.z) * kC;
+  if (c0 >= len) return;
+  const int n = min(kC, len - c0);
+  const int64_t h = blockIdx.y, kh = h / (Hv / Hk), t0 = first + c0;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, gq = lane / 4, tq = lane % 4;
+
+  for (int idx = tid; idx < kC * kDk; idx += kPrepThreads) {
+    const int u = idx / kDk, j = idx % kDk;
+    const bool live = u < n && j < Dk;
+    const int64_t src = ((t0 + u) * Hk + kh) * Dk + j;
+    Ks[u * Sh::kPitch + j] = live ? k[src] : 0.0f;
+    Qs[u * Sh::kPitch + j] = live ? q[src] : 0.0f;
+  }
+  if (warp == 0) {
+    // Lane l holds tokens 2l, 2l+1; a scan in double: G_t − G_u of nearby tokens must not lose
+    // digits to a large |G|. Tokens past n add nothing.
+    const int u = 2 * lane;
+    const double g0 = u < n ? g[(t0 + u) * Hv + h] : 0.0, g1 = u + 1 < n ? g[(t0 + u + 1) * Hv + h] : 0.0;
+    double scan = g0 + g1;
+#pragma unroll
+    for (int offset = 1; offset < kWarp; offset *= 2) {
+      const double below = __shfl_up_sync(0xFFFFFFFFu, scan, offset);
+      if (lane >= offset) scan += below;
+    }
+    G[u] = scan - g1;
+    G[u + 1] = scan;
+    const float b0 = u < n ? beta[(t0 + u) * Hv + h] : 0.0f, b1 = u + 1 < n ? beta[(t0 + u + 1) * Hv + h] : 0.0f;
+    b[u] = b0;
+    b[u + 1] = b1;
+    bg[u] = static_cast<float>(b0 * exp(scan - g1));
+    bg[u + 1] = static_cast<float>(b1 * exp(scan));
+  }
+  __syncthreads();
+  if (tid < n) {
+    work.decay[(t0 + tid) * Hv + h] =
+        make_float2(static_cast<float>(exp(G[tid])), static_cast<float>(exp(G[n - 1] - G[tid])));
+  }
+
+  // Warps 0-3: K Kᵀ → A; warps 4-7: Q Kᵀ → P; 16 rows each, tiles above the diagonal skipped.
+  {
+    const bool is_p = warp >= 4;
+    const int m0 = (warp % 4) * 16;
+    const float* X = is_p ? Qs : Ks;
+    float acc[8][4] = {};
+#pragma unroll 4
+    for (int ks = 0; ks < kDk / 8; ++ks) {
+      const float* xa = X + (m0 + gq) * Sh::kPitch + ks * 8 + tq;
+      const Split a[4] = {split(xa[0]), split(xa[8 * Sh::kPitch]), split(xa[4]), split(xa[8 * Sh::kPitch + 4])};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt * 8 > m0 + 15) continue;
+        const float* kb = Ks + (nt * 8 + gq) * Sh::kPitch + ks * 8 + tq;
+        mma3(acc[nt], a, split(kb[0]), split(kb[4]));
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = m0 + gq + (e / 2) * 8, col = nt * 8 + 2 * tq + e % 2;
+        const float decay = expf(static_cast<float>(G[row] - G[col]));  // used only where col ≤ row
+        if (is_p) {
+          if (row < n) work.p[((t0 + row) * Hv + h) * kC + col] = col <= row ? decay * acc[nt][e] : 0.0f;
+        } else {
+          As[row * Sh::kAPitch + col] = col < row ? b[row] * decay * acc[nt][e] : 0.0f;
+        }
+      }
+  }
+  __syncthreads();
+
+  // (I + A) X = B by forward substitution, one column per thread, in place in shared memory: first
+  // B = β e^{G} K (→ W, zero past Dk) in Ks beside β V's first kDk columns (→ U) in Qs, then
+  // further blocks of β V in Qs.
+  for (int idx = tid; idx < kC * kDk; idx += kPrepThreads) {
+    const int u = idx / kDk, j = idx % kDk;
+    Ks[u * Sh::kPitch + j] *= bg[u];
+  }
+  for (int v0 = 0; v0 < Dv; v0 += kDk) {
+    const int cols = min(kDk, Dv - v0);
+    for (int idx = tid; idx < kC * kDk; idx += kPrepThreads) {
+      const int u = idx / kDk, j = idx % kDk;
+      Qs[u * Sh::kPitch + j] = u < n && j < cols ? b[u] * v[((t0 + u) * Hv + h) * Dv + v0 + j] : 0.0f;
+    }
+    __syncthreads();
+    const bool first_block = v0 == 0;
+    if (first_block && tid < kDk) solve_column<Sh>(Ks + tid, As);
+    const int c = first_block ? tid - kDk : tid;
+    if (c >= 0 && c < cols) solve_column<Sh>(Qs + c, As);
+    __syncthreads();
+    if (first_block)
+      for (int idx = tid; idx < n * kDk; idx += kPrepThreads) {
+        const int u = idx / kDk, j = idx % kDk;
+        work.w[((t0 + u) * Hv + h) * kDk + j] = Ks[u * Sh::kPitch + j];
+      }
+    for (int idx = tid; idx < n * cols; idx += kPrepThreads) {
+      const int u = idx / cols, j = idx % cols;
+      u_out[((t0 + u) * Hv + h) * Dv + v0 + j] = Qs[u * Sh::kPitch + j];
+    }
+    __syncthreads();  // before the next block of β V overwrites Qs
+  }
+}
+
+template <int kDk>
+struct ScanShared {
+  static constexpr int kWPitch = kDk + 8;   // ≡ 8 (mod 32): float2 reads (row g, columns 2t, 2t+1) conflict-free
+  static constexpr int kKPitch = kDk + 4;   // ≡ 4 (mod 32): reads (row 2t or 2t+1, column g) conflict-free
+  static constexpr int kPPitch = kC + 8;
+  static constexpr int kUPitch = kDvTile + 4;
+  static constexpr size_t kBytes =
+      sizeof(float) * (2 * kC * kWPitch + kC * kKPitch + kC * kPPitch + kC * kUPitch + 2 * kC);
+};
+
+// Rows [0, n) × columns [0, cols) of a [kC, kCols] tile from global rows src + r·ld into shared rows of
+// `pitch`, zeros elsewhere; whole 16-byte pieces when `vec` (cols and every row start aligned).
+template <int kCols>
+__device__ __forceinline__ void load_tile(float* dst, int pitch, const float* src, int64_t ld, int n, int cols,
+                                          bool vec) {
+  if (vec) {
+    constexpr int kPieces = kCols / 4;
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < kC * kPieces; idx += kScanThreads) {
+      const int r = idx / kPieces, c = idx % kPieces * 4;
+      const bool live = r < n && c < cols;
+      cp_async16(dst + r * pitch + c, live ? src + r * ld + c : src, live);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kC * kCols; idx += kScanThreads) {
+      const int r = idx / kCols, c = idx % kCols;
+      const bool live = r < n && c < cols;
+      cp_async4(dst + r * pitch + c, live ? src + r * ld + c : src, live);
+    }
+  }
+}
+
+// One block per (sequence, value head, kDvTile state rows); warp w owns rows 16w..16w+15 of the tile.
+// Accumulator layouts double as operand layouts: within each 8-wide k step, MMA k slot t stands for
+// column 2t and slot t+4 for column 2t+1, so a state or δ tile (c0..c3) is an A fragment (c0, c2,
+// c1, c3) as it is, and B fragments read the matching columns. Copies for the next chunk overlap
+// compute: W and Q load during steps 2-4, K, P, U and the decays during the next step 1.
+template <int kDk>
+__global__ void __launch_bounds__(kScanThreads, 1)
+    chunk_scan_kernel(const float* __restrict__ q, const float* __restrict__ k, SeqArrays L,
+                      const int32_t* __restrict__ seqs, int64_t Hk, int64_t Hv, int Dk, int Dv, bool vec, Work work,
+                      float* __restrict__ state, float* __restrict__ out) {
+  using Sh = ScanShared<kDk>;
+  constexpr int kSteps = kDk / 8;  // 8-column tiles of a state row
+  extern __shared__ float4 scan_smem[];
+  float* Ws = reinterpret_cast<float*>(scan_smem);  // [kC, kWPitch]
+  float* Qs = Ws + kC * Sh::kWPitch;                // [kC, kWPitch]
+  float* Ks = Qs + kC * Sh::kWPitch;                // [kC, kKPitch]
+  float* Ps = Ks + kC * Sh::kKPitch;                // [kC, kPPitch]
+  float* Us = Ps + kC * Sh::kPPitch;                // [kC, kUPitch]: U of the tile's rows
+  float2* Ds = reinterpret_cast<float2*>(Us + kC * Sh::kUPitch);  // [kC] decays
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, gq = lane / 4, tq = lane % 4;
   const int s = seqs[blockIdx.x];
   const int64_t h = blockIdx.y, kh = h / (Hv / Hk);
   const int i0 = blockIdx.z * kDvTile, dvt = min(kDvTile, Dv - i0);
+  const int r0 = warp * kRowsPerWarp;
   float* Sg = state + (static_cast<int64_t>(L.state_slot[s]) * Hv + h) * Dv * Dk;
-  for (int idx = tid; idx < dvt * Dk; idx += kThreads) {
-    const int i = idx / Dk, j = idx % Dk;
-    S[i * pk + j] = Sg[static_cast<int64_t>(i0 + i) * Dk + j];
-  }
+
+  // S[j][e]: row i0 + r0 + gq (+8 for e ≥ 2), column 8j + 2tq + e % 2; zero past Dv and Dk.
+  float S[kSteps][4];
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = i0 + r0 + gq + (e / 2) * 8, col = 8 * j + 2 * tq + e % 2;
+      S[j][e] = row < Dv && col < Dk ? Sg[static_cast<int64_t>(row) * Dk + col] : 0.0f;
+    }
 
   const int64_t first = L.cu_seqlens[s];
   const int len = L.cu_seqlens[s + 1] - L.cu_seqlens[s];
+  auto load_wq = [&](int c0) {
+    const int64_t t0 = first + c0;
+    const int n = min(kC, len - c0);
+    load_tile<kDk>(Ws, Sh::kWPitch, work.w + (t0 * Hv + h) * kDk, Hv * kDk, n, kDk, true);
+    load_tile<kDk>(Qs, Sh::kWPitch, q + (t0 * Hk + kh) * Dk, Hk * Dk, n, Dk, vec);
+  };
+  auto load_rest = [&](int c0) {
+    const int64_t t0 = first + c0;
+    const int n = min(kC, len - c0);
+    load_tile<kDk>(Ks, Sh::kKPitch, k + (t0 * Hk + kh) * Dk, Hk * Dk, n, Dk, vec);
+    load_tile<kC>(Ps, Sh::kPPitch, work.p + (t0 * Hv + h) * kC, Hv * kC, n, kC, true);
+    load_tile<kDvTile>(Us, Sh::kUPitch, out + (t0 * Hv + h) * Dv + i0, Hv * Dv, n, dvt, vec);
+    for (int u = threadIdx.x; u < kC; u += kScanThreads)
+      cp_async8(Ds + u, work.decay + (t0 + (u < n ? u : 0)) * Hv + h, u < n);
+  };
+  load_wq(0);
+  cp_async_commit();
+  load_rest(0);
+  cp_async_commit();
+
   for (int c0 = 0; c0 < len; c0 += kC) {
     const int n = min(kC, len - c0);
-    const int64_t t0 = first + c0;  // the chunk's first token in the batch
-    __syncthreads();  // the previous chunk is done with K, Q, R, M
-    for (int idx = tid; idx < n * Dk; idx += kThreads) {
-      const int u = idx / Dk, j = idx % Dk;
-      const int64_t src = ((t0 + u) * Hk + kh) * Dk + j;
-      K[u * pk + j] = k[src];
-      Q[u * pk + j] = q[src];
-    }
-    for (int idx = tid; idx < n * dvt; idx += kThreads) {
-      const int u = idx / dvt, i = idx % dvt;
-      R[u * pr + i] = v[((t0 + u) * Hv + h) * Dv + i0 + i];
-    }
-    for (int u = tid; u < n; u += kThreads) b[u] = beta[(t0 + u) * Hv + h];
-    if (tid == 0) {
-      // In double: G_t − G_u of nearby tokens must not lose digits to a large |G|.
-      double cumulative = 0.0;
-      for (int u = 0; u < n; ++u) G[u] = cumulative += g[(t0 + u) * Hv + h];
-    }
+    const int64_t t0 = first + c0;
+    cp_async_wait<1>();  // this chunk's W and Q
     __syncthreads();
 
-    for (int u = tid; u < n; u += kThreads) {
-      eG[u] = static_cast<float>(exp(G[u]));
-      to_end[u] = static_cast<float>(exp(G[n - 1] - G[u]));
-    }
-    // I + A, lower triangle.
-    for (int idx = tid; idx < n * n; idx += kThreads) {
-      const int u = idx / n, w = idx % n;
-      float a = w == u ? 1.0f : 0.0f;
-      if (w < u) {
-        float dot = 0.0f;
-        for (int j = 0; j < Dk; ++j) dot = fmaf(K[u * pk + j], K[w * pk + j], dot);
-        a = static_cast<float>(static_cast<double>(b[u]) * exp(G[u] - G[w]) * dot);
-      }
-      M[u * pm + w] = a;
-    }
-    __syncthreads();
-
-    // T = (I + A)⁻¹ in place, row by row: T[i,j] = −Σ_{j≤m<i} A[i,m] T[m,j] (T[j,j] = 1 on the
-    // diagonal, rows above i already T, row i still A until its new values are written).
-    for (int i = 1; i < n; ++i) {
-      double sum = 0.0;
-      if (tid < i)
-        for (int m = tid; m < i; ++m) sum += static_cast<double>(M[i * pm + m]) * M[m * pm + tid];
-      __syncthreads();
-      if (tid < i) M[i * pm + tid] = static_cast<float>(-sum);
-      __syncthreads();
-    }
-
-    // R[w, i] = β_w v_w,i − β_w e^{G_w} (S0 k_w)_i, each entry in place.
-    for (int idx = tid; idx < n * dvt; idx += kThreads) {
-      const int w = idx / dvt, i = idx % dvt;
-      float dot = 0.0f;
-      for (int j = 0; j < Dk; ++j) dot = fmaf(K[w * pk + j], S[i * pk + j], dot);
-      R[w * pr + i] = b[w] * R[w * pr + i] - b[w] * eG[w] * dot;
-    }
-    __syncthreads();
-
-    // δ = T · R, through registers: row u of δ reads rows w ≤ u of R.
-    float delta[kPerThread];
+    // 1. (W S0ᵀ)ᵀ and (Q S0ᵀ)ᵀ for the warp's rows: [16 rows, 64 tokens] each.
+    float wd[8][4] = {}, o[8][4] = {};
 #pragma unroll
-    for (int r = 0; r < kPerThread; ++r) {
-      const int idx = tid + r * kThreads;
-      delta[r] = 0.0f;
-      if (idx < n * dvt) {
-        const int u = idx / dvt, i = idx % dvt;
-        float acc = 0.0f;
-        for (int w = 0; w <= u; ++w) acc = fmaf(M[u * pm + w], R[w * pr + i], acc);
-        delta[r] = acc;
-      }
-    }
-    __syncthreads();
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const Split a[4] = {split(S[ks][0]), split(S[ks][2]), split(S[ks][1]), split(S[ks][3])};
 #pragma unroll
-    for (int r = 0; r < kPerThread; ++r) {
-      const int idx = tid + r * kThreads;
-      if (idx < n * dvt) R[(idx / dvt) * pr + idx % dvt] = delta[r];
-    }
-    // P[t, u] = e^{G_t−G_u} (q_t·k_u), u ≤ t (T is no longer needed).
-    for (int idx = tid; idx < n * n; idx += kThreads) {
-      const int t = idx / n, u = idx % n;
-      float p = 0.0f;
-      if (u <= t) {
-        float dot = 0.0f;
-        for (int j = 0; j < Dk; ++j) dot = fmaf(Q[t * pk + j], K[u * pk + j], dot);
-        p = static_cast<float>(exp(G[t] - G[u]) * dot);
+      for (int nt = 0; nt < 8; ++nt) {
+        const int at = (nt * 8 + gq) * Sh::kWPitch + ks * 8 + 2 * tq;
+        const float2 w2 = *reinterpret_cast<const float2*>(Ws + at);
+        mma3(wd[nt], a, split(w2.x), split(w2.y));
+        const float2 q2 = *reinterpret_cast<const float2*>(Qs + at);
+        mma3(o[nt], a, split(q2.x), split(q2.y));
       }
-      M[t * pm + u] = p;
     }
-    __syncthreads();
+    cp_async_wait<0>();  // K, P, U and the decays
+    __syncthreads();     // and every warp is done with W and Q
+    if (c0 + kC < len) load_wq(c0 + kC);
+    cp_async_commit();
 
-    for (int idx = tid; idx < n * dvt; idx += kThreads) {
-      const int t = idx / dvt, i = idx % dvt;
-      float from_state = 0.0f;
-      for (int j = 0; j < Dk; ++j) from_state = fmaf(S[i * pk + j], Q[t * pk + j], from_state);
-      float o = eG[t] * from_state;
-      for (int u = 0; u <= t; ++u) o = fmaf(M[t * pm + u], R[u * pr + i], o);
-      out[((t0 + t) * Hv + h) * Dv + i0 + i] = o;
-    }
-    __syncthreads();  // every output has read S0
+    // 2. δ = U − W S0ᵀ (zero for tokens past n); the state's part of o decays by e^{G_t}.
+    float delta[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int u = nt * 8 + 2 * tq + e % 2, row = r0 + gq + (e / 2) * 8;
+        delta[nt][e] = u < n ? Us[u * Sh::kUPitch + row] - wd[nt][e] : 0.0f;
+        o[nt][e] *= Ds[u].x;
+      }
 
-    const float chunk_decay = eG[n - 1];
-    for (int idx = tid; idx < dvt * Dk; idx += kThreads) {
-      const int i = idx / Dk, j = idx % Dk;
-      float acc = chunk_decay * S[i * pk + j];
-      for (int u = 0; u < n; ++u) acc = fmaf(to_end[u] * R[u * pr + i], K[u * pk + j], acc);
-      S[i * pk + j] = acc;
+    // 3. o += δ Pᵀ, then out (where U was).
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const Split a[4] = {split(delta[ks][0]), split(delta[ks][2]), split(delta[ks][1]), split(delta[ks][3])};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float2 p2 = *reinterpret_cast<const float2*>(Ps + (nt * 8 + gq) * Sh::kPPitch + ks * 8 + 2 * tq);
+        mma3(o[nt], a, split(p2.x), split(p2.y));
+      }
     }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = nt * 8 + 2 * tq + e % 2, row = i0 + r0 + gq + (e / 2) * 8;
+        if (t < n && row < Dv) out[((t0 + t) * Hv + h) * Dv + row] = o[nt][e];
+      }
+
+    // 4. S = e^{G_{n−1}} S0 + (δ · e^{G_{n−1}−G})ᵀ K.
+    const float chunk_decay = Ds[n - 1].x;
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[j][e] *= chunk_decay;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const float e0 = Ds[ks * 8 + 2 * tq].y, e1 = Ds[ks * 8 + 2 * tq + 1].y;
+      const Split a[4] = {split(delta[ks][0] * e0), split(delta[ks][2] * e0), split(delta[ks][1] * e1),
+                          split(delta[ks][3] * e1)};
+      const float* kb = Ks + (ks * 8 + 2 * tq) * Sh::kKPitch + gq;
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) mma3(S[j], a, split(kb[8 * j]), split(kb[Sh::kKPitch + 8 * j]));
+    }
+    __syncthreads();  // every warp is done with K, P, U and the decays
+    if (c0 + kC < len) load_rest(c0 + kC);
+    cp_async_commit();
   }
-  __syncthreads();
-  for (int idx = tid; idx < dvt * Dk; idx += kThreads) {
-    const int i = idx / Dk, j = idx % Dk;
-    Sg[static_cast<int64_t>(i0 + i) * Dk + j] = S[i * pk + j];
-  }
+
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = i0 + r0 + gq + (e / 2) * 8, col = 8 * j + 2 * tq + e % 2;
+      if (row < Dv && col < Dk) Sg[static_cast<int64_t>(row) * Dk + col] = S[j][e];
+    }
+}
+
+template <int kDk>
+void launch_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                    const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t max_len, int64_t T,
+                    int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* work_base, float* state, float* out,
+                    cudaStream_t stream) {
+  const Work work = work_at(work_base, T, Hv, kDk);
+  const int dk = static_cast<int>(Dk), dv = static_cast<int>(Dv);
+  const int64_t chunks = (max_len + kC - 1) / kC;
+  if (chunks > 65535) throw_error("cuda gated_delta_rule: a chunked sequence is longer than 65535 chunks of 64");
+
+  QINFER_CUDA_CHECK(cudaFuncSetAttribute(chunk_prep_kernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(PrepShared<kDk>::kBytes)));
+  const dim3 prep_grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(Hv), static_cast<unsigned>(chunks));
+  chunk_prep_kernel<kDk><<<prep_grid, kPrepThreads, PrepShared<kDk>::kBytes, stream>>>(
+      q, k, v, g, beta, layout, seqs, Hk, Hv, dk, dv, work, out);
+  QINFER_CUDA_CHECK_LAUNCH("chunk_prep_kernel<<<>>>");
+
+  // 16-byte copies need every row start of q, k and out aligned.
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = Dk % 4 == 0 && Dv % 4 == 0 && aligned(q) && aligned(k) && aligned(out);
+  QINFER_CUDA_CHECK(cudaFuncSetAttribute(chunk_scan_kernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(ScanShared<kDk>::kBytes)));
+  const dim3 scan_grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(Hv),
+                       static_cast<unsigned>((Dv + kDvTile - 1) / kDvTile));
+  chunk_scan_kernel<kDk><<<scan_grid, kScanThreads, ScanShared<kDk>::kBytes, stream>>>(
+      q, k, layout, seqs, Hk, Hv, dk, dv, vec, work, state, out);
+  QINFER_CUDA_CHECK_LAUNCH("chunk_scan_kernel<<<>>>");
 }
 
 }  // namespace
 
-size_t delta_chunked_shared_bytes(int64_t Dk, int64_t /*Dv*/) {
-  return kC * sizeof(double) + static_cast<size_t>(layout_for(static_cast<int>(Dk)).floats) * sizeof(float);
+size_t delta_chunked_shared_bytes(int64_t Dk) {
+  const int padded = padded_dk(Dk);
+  return padded == 32   ? std::max(PrepShared<32>::kBytes, ScanShared<32>::kBytes)
+         : padded == 64 ? std::max(PrepShared<64>::kBytes, ScanShared<64>::kBytes)
+                        : std::max(PrepShared<128>::kBytes, ScanShared<128>::kBytes);
+}
+
+int64_t delta_chunked_work_floats(int64_t T, int64_t Hv, int64_t Dk) {
+  return T * Hv * (padded_dk(Dk) + kC + 2);
 }
 
 void launch_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                               const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t Hk, int64_t Hv,
-                               int64_t Dk, int64_t Dv, float* state, float* out, cudaStream_t stream) {
-  if (num_seqs == 0 || Hv == 0 || Dv == 0) return;
-  const size_t bytes = delta_chunked_shared_bytes(Dk, Dv);
-  if (bytes > 48 * 1024)
-    QINFER_CUDA_CHECK(
-        cudaFuncSetAttribute(delta_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(Hv),
-                  static_cast<unsigned>((Dv + kDvTile - 1) / kDvTile));
-  delta_chunked_kernel<<<grid, kThreads, bytes, stream>>>(q, k, v, g, beta, layout, seqs, Hk, Hv, static_cast<int>(Dk),
-                                                          static_cast<int>(Dv), state, out);
-  QINFER_CUDA_CHECK_LAUNCH("delta_chunked_kernel<<<>>>");
+                               const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t max_len,
+                               int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* work, float* state,
+                               float* out, cudaStream_t stream) {
+  if (num_seqs == 0 || max_len == 0 || Hv == 0 || Dv == 0) return;
+  if (Dk > kDeltaChunkedMaxDk) throw_error("cuda gated_delta_rule: the chunked kernels take key head dims up to 128");
+  const int padded = padded_dk(Dk);
+  if (padded == 32)
+    launch_chunked<32>(q, k, v, g, beta, layout, seqs, num_seqs, max_len, T, Hk, Hv, Dk, Dv, work, state, out, stream);
+  else if (padded == 64)
+    launch_chunked<64>(q, k, v, g, beta, layout, seqs, num_seqs, max_len, T, Hk, Hv, Dk, Dv, work, state, out, stream);
+  else
+    launch_chunked<128>(q, k, v, g, beta, layout, seqs, num_seqs, max_len, T, Hk, Hv, Dk, Dv, work, state, out, stream);
 }
 
 }  // namespace qinfer::cuda

@@ -40,11 +40,18 @@ constexpr int64_t kGemvMaxTokens = 8;
 // y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens, f32 accumulation; the kernel (warp per row,
 // row tiles, tensor cores) is chosen by format and T.
 void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream);
+// gemv_dense.cu: y = x · wᵀ for one token of dense weights (16-byte aligned x and rows, whole 16-byte
+// units per row); false when the view does not qualify.
+bool try_launch_gemv_dense(const float* x, const WeightView& w, float* y, cudaStream_t stream);
+// gemv_affine.cu: y = x · wᵀ for one token of MLX affine 4/8-bit weights (groups 32/64/128, f32|bf16|f16
+// scales, 16-byte aligned x and rows, x staged in shared memory); false when the view does not qualify.
+bool try_launch_gemv_affine(const float* x, const WeightView& w, float* y, cudaStream_t stream);
 // Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo
 // (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the tensor-core GEMM's weight operands.
+// A null lo writes hi alone (the fast precision: one bf16 operand).
 void launch_dequantize_rows_bf16_pair(const WeightView& w, int64_t row0, int64_t rows, void* hi, void* lo,
                                       cudaStream_t stream);
-// x (n elements) as bf16 pairs hi + lo.
+// x (n elements) as bf16 pairs hi + lo (hi alone when lo is null).
 void launch_to_bf16_pair(const float* x, int64_t n, void* hi, void* lo, cudaStream_t stream);
 // out[t, :] = table row ids[t]; a bad id writes zeros and reports kStatusEmbeddingId.
 void launch_embedding(const int32_t* ids, int64_t T, const WeightView& table, float* out, DeviceStatus* status,
@@ -54,6 +61,9 @@ void launch_embedding(const int32_t* ids, int64_t T, const WeightView& table, fl
 // y = x / sqrt(mean(x²) + eps) · w [· silu(z) when z is given]; rows of D, y may alias x.
 void launch_rms_norm(const float* x, const float* w, const float* z, float eps, int64_t N, int64_t D, float* y,
                      cudaStream_t stream);
+// x += delta, then y = rms_norm(x) · w, the norm over the updated x as stored; y aliases neither.
+void launch_add_rms_norm(float* x, const float* delta, const float* w, float eps, int64_t N, int64_t D, float* y,
+                         cudaStream_t stream);
 // y = scale · x / sqrt(Σx² + eps); y may alias x.
 void launch_l2_norm(const float* x, float eps, float scale, int64_t N, int64_t D, float* y, cudaStream_t stream);
 
@@ -77,6 +87,9 @@ struct RopeTable {
 };
 void launch_rope(float* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, int64_t half,
                  const RopeTable& table, cudaStream_t stream);
+// Each head of x [T, heads, head_dim] rms_norm'ed with w [head_dim], then rotated as by launch_rope.
+void launch_rms_norm_rope(float* x, const float* w, float eps, const int32_t* positions, int64_t T, int64_t heads,
+                          int64_t head_dim, int64_t half, const RopeTable& table, cudaStream_t stream);
 
 // --- attention.cu ------------------------------------------------------------------------------
 // Batch layout arrays on the device, built on the host from an AttentionLayout.
@@ -103,15 +116,16 @@ int64_t attention_partial_floats(int64_t splits, int64_t T, int64_t heads, int64
 void launch_attention(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                       int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int splits,
                       float* partial, float* out, cudaStream_t stream);
-// Prefill on the tensor cores (attention_mma.cu, TF32 MMA): for batches where some sequence has at
-// least kAttentionMmaMinRows query rows (len · group) and head_dim has a kernel (tile rows > 0).
-// `layout.tiles` must then be cut into attention_mma_tile_rows(head_dim) rows per tile; decode-sized
-// batches stay on launch_attention, whose key splits suit them better.
+// Prefill on the tensor cores (attention_mma.cu): for batches where some sequence has at least
+// kAttentionMmaMinRows query rows (len · group) and head_dim has a kernel (tile rows > 0).
+// `layout.tiles` must then be cut into attention_mma_tile_rows(head_dim) rows per tile (both
+// precisions); decode-sized batches stay on launch_attention, whose key splits suit them better.
+// bf16: Q, K, V and P rounded to bf16 (fast mode); otherwise TF32 operands (exact mode).
 constexpr int64_t kAttentionMmaMinRows = 64;
 int64_t attention_mma_tile_rows(int64_t head_dim);  // 0: no tensor-core kernel for head_dim
-size_t attention_mma_shared_bytes(int64_t head_dim);
+size_t attention_mma_shared_bytes(int64_t head_dim);  // the most either precision needs
 void launch_attention_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
-                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out,
                           cudaStream_t stream);
 
 // --- moe.cu ------------------------------------------------------------------------------------
@@ -122,6 +136,31 @@ void launch_moe_route(const float* logits, int64_t T, int64_t E, int64_t k, bool
 void launch_moe_experts(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, const int32_t* ids,
                         const float* weights, const WeightView& gate, const WeightView& up, const WeightView& down,
                         float* act, float* out, DeviceStatus* status, cudaStream_t stream);
+
+// --- moe_grouped.cu: batches of at least kMoeGroupedMinTokens tokens, grouped by expert ----------
+// (below it the launch overhead of a GEMM per expert outweighs what the per-token dots re-read).
+constexpr int64_t kMoeGroupedMinTokens = 128;
+constexpr int64_t kMoeGroupedMaxExperts = 4096;  // the sort keeps a counter per expert in shared memory
+// Stable counting sort of the slots s = t·k + j of ids (flat, `slots` of them) by expert, each
+// expert's block of rows starting at a multiple of row_align: slot_row[s] = its row (−1 for a bad
+// id, reported with flat index index_base + s); meta = [counts E | first rows E | total rows].
+// `work` holds moe_sort_work_ints(slots, E) ints.
+int64_t moe_sort_work_ints(int64_t slots, int64_t E);
+void launch_moe_sort(const int32_t* ids, int64_t slots, int64_t index_base, int64_t E, int64_t row_align,
+                     int32_t* work, int32_t* slot_row, int32_t* meta, DeviceStatus* status, cudaStream_t stream);
+// x rows as bf16 GEMM operands: expert e's block (f = 2 with pairs, else 1) holds f · padded rows
+// from row f · first[e]: slot rows in order (hi), then with pairs the lo rows from row padded; the
+// padding rows are zeroed. padded = count rounded up to row_align.
+void launch_moe_gather(const float* x, int64_t H, int64_t k, int64_t slots, const int32_t* ids, const int32_t* slot_row,
+                       const int32_t* meta, int64_t E, int64_t row_align, bool pairs, void* rows,
+                       cudaStream_t stream);
+// hi (+ lo when not null) bf16 [rows, I] = silu(gate) · up, gate / up f32 with row stride ld;
+// stacked: each is the sum of rows r and rows + r.
+void launch_moe_silu_mul(const float* gate, const float* up, int64_t ld, int64_t rows, int64_t I, bool stacked,
+                         void* hi, void* lo, cudaStream_t stream);
+// out [T, H] = Σ_j weights[t, j] · down_rows[slot_row[t·k + j]], summed in j order.
+void launch_moe_combine(const float* down_rows, const int32_t* slot_row, const float* weights, int64_t T, int64_t k,
+                        int64_t H, float* out, cudaStream_t stream);
 
 // --- gdn.cu ------------------------------------------------------------------------------------
 struct SeqArrays {
@@ -138,14 +177,18 @@ constexpr int64_t kDeltaMaxDk = 256;
 void launch_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                  const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t Hk, int64_t Hv,
                                  int64_t Dk, int64_t Dv, float* state, float* out, cudaStream_t stream);
-// The chunk-64 WY / UT-transform form over the listed sequences: one block per (sequence, value
-// head, 32 state rows) walks the chunks with its state rows in shared memory, which must fit
-// delta_chunked_shared_bytes.
+// The chunk-64 WY / UT-transform form over the listed sequences (max_len: the longest) on the tensor
+// cores: all chunks' W, U, P at once, then one pass over the chunks per (sequence, value head, 32
+// state rows). Key head dims up to kDeltaChunkedMaxDk, within delta_chunked_shared_bytes(Dk) of
+// shared memory; `work` holds delta_chunked_work_floats(T, Hv, Dk) floats.
 constexpr int64_t kDeltaChunk = 64;
-size_t delta_chunked_shared_bytes(int64_t Dk, int64_t Dv);
+constexpr int64_t kDeltaChunkedMaxDk = 128;
+size_t delta_chunked_shared_bytes(int64_t Dk);
+int64_t delta_chunked_work_floats(int64_t T, int64_t Hv, int64_t Dk);
 void launch_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                               const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t Hk, int64_t Hv,
-                               int64_t Dk, int64_t Dv, float* state, float* out, cudaStream_t stream);
+                               const SeqArrays& layout, const int32_t* seqs, int64_t num_seqs, int64_t max_len,
+                               int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, float* work, float* state,
+                               float* out, cudaStream_t stream);
 
 // --- sample.cu ---------------------------------------------------------------------------------
 // out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).

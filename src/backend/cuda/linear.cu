@@ -471,7 +471,7 @@ __global__ void dequantize_bf16_pair_kernel(WeightView w, int64_t row0, int64_t 
       const float v = Fmt::element(w, row0 + r, j);
       const __nv_bfloat16 h = __float2bfloat16_rn(v);
       hi[r * w.in + j] = h;
-      lo[r * w.in + j] = __float2bfloat16_rn(v - __bfloat162float(h));
+      if (lo) lo[r * w.in + j] = __float2bfloat16_rn(v - __bfloat162float(h));
     }
   }
 }
@@ -482,7 +482,7 @@ __global__ void to_bf16_pair_kernel(const float* __restrict__ x, int64_t n, __nv
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
     hi[i] = h;
-    lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
+    if (lo) lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
   }
 }
 
@@ -513,7 +513,10 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaS
   const auto blocks = static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps);
   const int t = static_cast<int>(T);
   // Measured on the H200: one token reads fastest through the warp-per-row kernel (dense) and the
-  // tiles (quantized); several tokens through the tensor cores, whose time hardly grows with T.
+  // tiles (quantized formats gemv_affine does not take); several tokens through the tensor cores,
+  // whose time hardly grows with T.
+  if (T == 1 && try_launch_gemv_dense(x, w, y, stream)) return;
+  if (T == 1 && try_launch_gemv_affine(x, w, y, stream)) return;
   if (T > 1 && try_launch_mma(x, t, w, y, stream)) {
     QINFER_CUDA_CHECK_LAUNCH("gemv_mma_kernel<<<>>>");
     return;

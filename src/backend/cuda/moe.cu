@@ -1,7 +1,7 @@
 // Mixture of experts: the router (softmax, top-k with ref's tie order, optional renormalisation)
 // and the experts as three passes of per-token row dots (gate, up into silu(gate)·up, then the
-// weighted down projection), one warp per output value, any weight format. Correct for every batch;
-// prefill-sized batches would be faster grouped by expert (a GEMM per expert).
+// weighted down projection), one warp per output value, any weight format: decode-sized batches and
+// recorded steps (prefill-sized batches go grouped by expert, moe_grouped.cu).
 #include "backend/cuda/weights.cuh"
 
 namespace qinfer::cuda {

@@ -182,6 +182,17 @@ class RefOps final : public Ops {
     }
   }
 
+  void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) override {
+    check_tensor("add_rms_norm", "x", x, kF32, {kAny, kAny});
+    check_tensor("add_rms_norm", "delta", delta, kF32, x.shape);
+    check_tensor("add_rms_norm", "w", w, kF32, {x.dim(1)});
+    check_tensor("add_rms_norm", "y", y, kF32, x.shape);
+    check_distinct("add_rms_norm", "y", y, "x", x);
+    check_distinct("add_rms_norm", "y", y, "delta", delta);
+    add(x, delta);
+    rms_norm(x, w, eps, y);
+  }
+
   void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) override {
     check_tensor("rms_norm_gated", "x", x, kF32, {kAny, kAny});
     const int64_t N = x.dim(0), D = x.dim(1);
@@ -240,6 +251,16 @@ class RefOps final : public Ops {
         }
       }
     }
+  }
+
+  void rms_norm_rope(Tensor& x, const Tensor& w, float eps, const Tensor& positions,
+                     const RopeParams& params) override {
+    check_tensor("rms_norm_rope", "x", x, kF32, {kAny, kAny, kAny});
+    check_tensor("rms_norm_rope", "w", w, kF32, {x.dim(2)});
+    check_tensor("rms_norm_rope", "positions", positions, kI32, {3, x.dim(0)});
+    Tensor rows = x.reshape({x.dim(0) * x.dim(1), x.dim(2)});
+    rms_norm(rows, w, eps, rows);
+    rope(x, positions, params);
   }
 
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {

@@ -1,0 +1,137 @@
+// One-token GEMV over dense weights (f32 | bf16 | f16), the decode step's bandwidth-bound core.
+// A block owns kRows consecutive rows and its warps split the row length between them, so that a
+// matrix of few rows (the k/v projections: 1024) still spreads over every SM; each lane keeps
+// kRows × kUnits 16-byte weight loads in flight (Little's law: ~32 KiB per SM keeps HBM busy) and
+// reads each x value once for all kRows rows. Warps' partial sums meet in shared memory and are
+// added in a fixed order: results do not depend on scheduling.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/weights.cuh"
+
+namespace qinfer::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 4;   // rows per block
+constexpr int kUnits = 2;  // 16-byte loads per lane and row in flight
+
+// Weight bytes skip L1, which keeps x (read by every block) cached there.
+__device__ __forceinline__ uint4 load_weights(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// acc += Σ w·x over one 16-byte unit: 8 bf16/f16 or 4 f32 weights against x[j ..].
+template <class Elem>
+__device__ __forceinline__ float unit_dot(const uint4& raw, const float* __restrict__ x, float acc) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  if constexpr (sizeof(typename Elem::Storage) == 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x));
+    acc = fmaf(__uint_as_float(words[0]), v.x, acc);
+    acc = fmaf(__uint_as_float(words[1]), v.y, acc);
+    acc = fmaf(__uint_as_float(words[2]), v.z, acc);
+    return fmaf(__uint_as_float(words[3]), v.w, acc);
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(x) + h);
+      float w[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t word = words[2 * h + i];
+        if constexpr (std::is_same_v<Elem, Bf16Elem>) {
+          w[2 * i] = __uint_as_float(word << 16);
+          w[2 * i + 1] = __uint_as_float(word & 0xFFFF0000u);
+        } else {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&word));
+          w[2 * i] = f.x;
+          w[2 * i + 1] = f.y;
+        }
+      }
+      acc = fmaf(w[0], v.x, acc);
+      acc = fmaf(w[1], v.y, acc);
+      acc = fmaf(w[2], v.z, acc);
+      acc = fmaf(w[3], v.w, acc);
+    }
+    return acc;
+  }
+}
+
+template <class Elem>
+__global__ void __launch_bounds__(kWarps* kWarp)
+    gemv_dense_kernel(const float* __restrict__ x, const void* __restrict__ weights, int64_t rows, int64_t in,
+                      float* __restrict__ y) {
+  constexpr int kPerUnit = 16 / static_cast<int>(sizeof(typename Elem::Storage));
+  __shared__ float partial[kWarps][kRows];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t units = in / kPerUnit;
+  // Warp `warp` takes units [begin, end) of every row of the block, in steps of 32·kUnits.
+  const int64_t begin = units * warp / kWarps, end = units * (warp + 1) / kWarps;
+  const uint4* base[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + r < rows ? row0 + r : rows - 1;  // a short last block re-reads a row
+    base[r] = static_cast<const uint4*>(weights) + row * units;
+  }
+  float acc[kRows] = {};
+  for (int64_t u0 = begin + lane; u0 < end; u0 += kWarp * kUnits) {
+    uint4 raw[kRows][kUnits];
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int64_t u = u0 + i * kWarp;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) raw[r][i] = u < end ? load_weights(base[r] + u) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      const int64_t u = u0 + i * kWarp;
+      if (u < end) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = unit_dot<Elem>(raw[r][i], x + u * kPerUnit, acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = warp_sum(acc[r]);
+    if (lane == 0) partial[warp][r] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x < kRows && row0 + threadIdx.x < rows) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += partial[w][threadIdx.x];
+    y[row0 + threadIdx.x] = sum;
+  }
+}
+
+}  // namespace
+
+bool try_launch_gemv_dense(const float* x, const WeightView& w, float* y, cudaStream_t stream) {
+  if (w.quantized || !aligned16(x) || !aligned16(w.data)) return false;
+  const int64_t per_unit = w.dtype == DType::f32 ? 4 : 8;
+  if (w.in % per_unit != 0) return false;
+  const auto blocks = static_cast<unsigned>((w.rows + kRows - 1) / kRows);
+  switch (w.dtype) {
+    case DType::bf16:
+      gemv_dense_kernel<Bf16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, w.data, w.rows, w.in, y);
+      break;
+    case DType::f16:
+      gemv_dense_kernel<F16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, w.data, w.rows, w.in, y);
+      break;
+    case DType::f32:
+      gemv_dense_kernel<F32Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, w.data, w.rows, w.in, y);
+      break;
+    default:
+      return false;
+  }
+  QINFER_CUDA_CHECK_LAUNCH("gemv_dense_kernel<<<>>>");
+  return true;
+}
+
+}  // namespace qinfer::cuda

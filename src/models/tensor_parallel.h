@@ -1,0 +1,71 @@
+#pragma once
+// A tensor-parallel group that the engine drives like one Model: N rank Models of one checkpoint, each
+// on its own backend with its slice of the weights and its own heads of every cache. Rank 0 runs on
+// the caller's thread and ranks 1..N-1 on threads of the group, every rank the same forward at once;
+// rank 0's logits are the result. Host ranks sum over a ThreadGroup, GPU ranks over NCCL.
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models/model.h"
+
+namespace qinfer::models {
+
+class TensorParallelModel final : public Runner {
+ public:
+  // One rank per backend in `ops` (all cpu / ref, or all cuda); `gpus` names each cuda rank's GPU
+  // index (for NCCL) and is empty for host ranks. Loads every rank's slice at once; a split that does
+  // not divide fails first, naming the config field.
+  TensorParallelModel(const Checkpoint& checkpoint, std::vector<std::unique_ptr<Ops>> ops, std::vector<int> gpus = {});
+  ~TensorParallelModel() override;
+  TensorParallelModel(const TensorParallelModel&) = delete;
+  TensorParallelModel& operator=(const TensorParallelModel&) = delete;
+
+  int size() const { return static_cast<int>(ops_.size()); }
+  const io::TextConfig& config() const override { return config_; }
+  Ops& ops() const override { return *ops_[0]; }
+  CacheShape cache_shape() const override;
+  // One shard per rank (ModelCache's group constructor); the engine's blocks and slots apply to all.
+  ModelCache make_cache(int64_t num_blocks, int32_t block_size, int64_t num_slots) const override;
+  // Every rank runs the batch on its shard of `cache`; each sequence's cache advances once. No dump:
+  // a rank's intermediates hold only its heads.
+  Tensor forward(const Batch& batch, ModelCache& cache,
+                 const std::function<void(const std::string&, const Tensor&)>& dump = {}) override;
+
+  // Runs body(rank's model) on every rank at once (rank 0 on this thread); each must run the same
+  // forwards in the same order. `qinfer eval` uses it for per-rank work.
+  void for_each_rank(const std::function<void(Model&)>& body);
+
+ private:
+  // Runs job(rank) on every rank and waits for all. A rank that throws aborts the collectives of
+  // the others (so none hangs) and its error is rethrown here as a qinfer::Error; the group then
+  // refuses further work, as its ranks may have stopped at different points.
+  void run(const std::function<void(int rank)>& job);
+  void fail(int rank, std::exception_ptr error);
+  void worker(int rank);
+  // Frees every rank's model and communicator on the rank's thread, then stops the threads.
+  void shut_down();
+
+  io::TextConfig config_;
+  std::vector<std::unique_ptr<Ops>> ops_;
+  std::unique_ptr<parallel::ThreadGroup> host_group_;             // host ranks' collectives
+  std::vector<std::unique_ptr<parallel::Communicator>> nccl_;     // GPU ranks' collectives
+  std::vector<std::unique_ptr<Model>> models_;
+
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;  // bumped per job
+  int pending_ = 0;          // worker ranks still running the job
+  bool stopping_ = false;
+  std::exception_ptr error_;  // the job's first failure
+  std::string failed_;        // why the group stopped, once a job failed
+  std::vector<std::thread> workers_;  // ranks 1..N-1
+};
+
+}  // namespace qinfer::models

@@ -1,0 +1,120 @@
+// The engine on a tensor-parallel group (models::TensorParallelModel, two ranks as threads): generate
+// and the scheduler give the tokens of one Model on the golden fixtures qwen3 (attention) and qwen3_5
+// (Gated DeltaNet state slots, snapshotted for n > 1), with preemption, on the ref and cpu backends.
+#include <gtest/gtest.h>
+
+#include "io/json.h"
+#include "models/tensor_parallel.h"
+#include "scheduler_support.h"
+
+namespace qinfer::engine {
+namespace {
+
+using testing::kGolden;
+using testing::make_prompt;
+using testing::Recorder;
+using testing::run_alone;
+using testing::test_tokenizer;
+
+std::unique_ptr<Ops> backend(const std::string& name) {
+  return name == "ref" ? make_ref_ops() : make_cpu_ops(global_thread_pool());
+}
+
+std::unique_ptr<models::TensorParallelModel> two_ranks(const models::Checkpoint& checkpoint, const std::string& name) {
+  std::vector<std::unique_ptr<Ops>> ops;
+  for (int r = 0; r < 2; ++r) ops.push_back(backend(name));
+  return std::make_unique<models::TensorParallelModel>(checkpoint, std::move(ops));
+}
+
+RequestParams request(std::vector<int32_t> prompt, int32_t max_tokens, float temperature, uint64_t seed, int32_t n) {
+  RequestParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = temperature;
+  p.sampling.top_p = 0.9f;
+  p.sampling.seed = seed;
+  p.n = n;
+  return p;
+}
+
+struct Case {
+  std::string fixture, backend;
+};
+
+class TensorParallelEngine : public ::testing::TestWithParam<Case> {};
+
+// The fixture's reference prompts and two of other lengths, greedily, through engine::generate.
+TEST_P(TensorParallelEngine, GenerateGivesTheTokensOfOneModel) {
+  const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam().fixture);
+  const std::unique_ptr<Ops> ops = backend(GetParam().backend);
+  models::Model one(checkpoint, *ops);
+  const auto group = two_ranks(checkpoint, GetParam().backend);
+  auto prompts = io::read_json_file(kGolden / GetParam().fixture / "reference.json")["prompts"]
+                     .get<std::vector<std::vector<int32_t>>>();
+  prompts.push_back(make_prompt(1, 5));
+  prompts.push_back(make_prompt(37, 6));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const RequestParams p = request(prompts[i], 16, 0.0f, 0, 1);
+    const testing::Single want = run_alone(one, p), got = run_alone(*group, p);
+    EXPECT_EQ(got.tokens, want.tokens) << "prompt " << i;
+    EXPECT_EQ(got.text, want.text) << "prompt " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, TensorParallelEngine,
+                         ::testing::Values(Case{"qwen3", "ref"}, Case{"qwen3", "cpu"}, Case{"qwen3_5", "ref"},
+                                           Case{"qwen3_5", "cpu"}),
+                         [](const auto& info) { return info.param.fixture + "_" + info.param.backend; });
+
+// Every choice of every request, as the scheduler over `model` produced it; checks it had to preempt.
+std::vector<std::vector<std::vector<int32_t>>> schedule(models::Runner& model,
+                                                        const std::vector<RequestParams>& requests) {
+  // 16 blocks of 4 tokens for 7 concurrent sequences of up to ~45 tokens: preemption is certain.
+  Scheduler s(model, test_tokenizer(),
+              {.kv_blocks = 16, .block_size = 4, .max_running = 7, .step_token_budget = 12, .max_context = 64});
+  Recorder rec(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) EXPECT_TRUE(s.submit(requests[i], rec.sink(i, requests[i].n)));
+  EXPECT_TRUE(rec.wait());
+  std::vector<std::vector<std::vector<int32_t>>> tokens;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    tokens.push_back(rec[i].tokens);
+    for (size_t c = 0; c < rec[i].finished.size(); ++c)
+      EXPECT_EQ(rec[i].finished[c].finish_reason, "length") << "request " << i << " choice " << c << ": "
+                                                            << rec[i].finished[c].error;
+  }
+  const SchedulerStats st = s.stats();
+  EXPECT_GT(st.preemptions_total, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0) << "KV blocks leaked";
+  EXPECT_EQ(st.state_slots_used, 0) << "state slots leaked";
+  return tokens;
+}
+
+class TensorParallelScheduler : public ::testing::TestWithParam<std::string> {};
+
+// Concurrent greedy and sampled requests, n = 3 branching off a shared prompt (a copied recurrent
+// state on qwen3_5), and a pool too small for them all.
+TEST_P(TensorParallelScheduler, GivesTheTokensOfOneModel) {
+  const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
+  const std::unique_ptr<Ops> ops = backend("cpu");
+  models::Model one(checkpoint, *ops);
+  const auto group = two_ranks(checkpoint, "cpu");
+  const std::vector<RequestParams> requests = {
+      request(make_prompt(23, 1), 14, 0.8f, 7, 3), request(make_prompt(30, 2), 14, 0.0f, 0, 1),
+      request(make_prompt(9, 3), 14, 0.8f, 9, 1), request(make_prompt(17, 4), 14, 0.0f, 0, 2)};
+  const auto want = schedule(one, requests);
+  const auto got = schedule(*group, requests);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    for (size_t c = 0; c < want[i].size(); ++c) {
+      EXPECT_EQ(got[i][c].size(), 14u);
+      EXPECT_EQ(got[i][c], want[i][c]) << "request " << i << " choice " << c;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, TensorParallelScheduler, ::testing::Values("qwen3", "qwen3_5"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace qinfer::engine
