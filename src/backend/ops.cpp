@@ -1,5 +1,5 @@
 // What every backend shares: transfers between host memory and a backend's, with the host
-// backends' implementation (a memcpy) as the default.
+// backends' implementation (a memcpy) as the default, and linear_many as linear per matrix.
 #include <cstring>
 
 #include "backend/ops.h"
@@ -14,6 +14,13 @@ void Ops::copy(const Tensor& src, Tensor& dst) {
                "{} copy: {} elements of {} cannot be copied into {} elements of {}", name(), src.numel(),
                qinfer::name(src.dtype), dst.numel(), qinfer::name(dst.dtype));
   if (src.nbytes() > 0) std::memmove(dst.data, src.data, src.nbytes());
+}
+
+void Ops::linear_many(const Tensor& x, const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys) {
+  QINFER_CHECK(ws.size() == ys.size() && !ws.empty() && ws.size() <= 4,
+               "{} linear_many: {} matrices and {} outputs (expected 1 to 4 of each, as many outputs as matrices)",
+               name(), ws.size(), ys.size());
+  for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
 }
 
 void Ops::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {

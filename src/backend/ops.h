@@ -98,6 +98,9 @@ class Ops {
   virtual void embedding(const Tensor& ids, const Weight& table, Tensor& out) = 0;
   // y = x · wᵀ. x f32 [T,in]; w [out,in] (dense or quantized); y f32 [T,out].
   virtual void linear(const Tensor& x, const Weight& w, Tensor& y) = 0;
+  // ys[i] = x · ws[i]ᵀ for matrices that read the same x (q/k/v, gate/up, GDN input projections;
+  // at most 4). A device backend runs a decode step's as one launch; host backends call linear.
+  virtual void linear_many(const Tensor& x, const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys);
   // y = x / sqrt(mean(x²) + eps) · w over the last dim D. x, y f32 [N,D] (may alias); w f32 [D].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // x += delta, then y = rms_norm(x) · w (the residual add fused with the next pre-norm).

@@ -194,7 +194,7 @@ void add_bench_command(CLI::App& app) {
   model_opt->excludes(shape_opt);
   cmd->add_option("--bits", o->bits, "with --shape: MLX affine-quantize the random weights to 2..8 bits (group 64) first");
   cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
-  add_tensor_parallel_flag(cmd, o->tensor_parallel);
+  add_device_flags(cmd, o->tensor_parallel);
   cmd->add_option("--batch", o->batch, "decode batch sizes, comma-separated (default 1)")->delimiter(',');
   cmd->add_option("--prompt", o->prompt, "prefill lengths to time, comma-separated (default 128)")->delimiter(',');
   cmd->add_option("--gen", o->gen, "decode steps to time per batch size (default 32)");
@@ -289,6 +289,7 @@ void add_bench_command(CLI::App& app) {
                                                   ck.config.quantization->global.group_size)
                                     : (ck.config.text.dtype.empty() ? std::string("?") : ck.config.text.dtype);
     const std::string model_name = o->shape.empty() ? o->model : o->shape;
+    const std::string precision = o->device.starts_with("cuda") ? precision_name() : "exact";  // host backends: f32
     if (o->json) {
       io::json out = {{"model", model_name},
                       {"family", ck.family->name},
@@ -296,6 +297,7 @@ void add_bench_command(CLI::App& app) {
                       {"params_b", static_cast<double>(params) / 1e9},
                       {"device", probe.device_name},
                       {"tensor_parallel", ranks},
+                      {"precision", precision},
                       {"load_s", load_s},
                       {"load_gbs", loaded_bytes / load_s / 1e9},
                       {"copy_probe_gbs", probe.gbs},
@@ -320,8 +322,9 @@ void add_bench_command(CLI::App& app) {
     }
     fmt::print("model            {} ({}, {:.2f} B parameters, weights {})\n", model_name, ck.family->name,
                static_cast<double>(params) / 1e9, weights);
-    fmt::print("device           {}{}; load {:.1f} s ({:.2f} GB/s)\n", probe.device_name,
-               ranks > 1 ? fmt::format(", tensor parallel {}", ranks) : "", load_s, loaded_bytes / load_s / 1e9);
+    fmt::print("device           {}{}, {} precision; load {:.1f} s ({:.2f} GB/s)\n", probe.device_name,
+               ranks > 1 ? fmt::format(", tensor parallel {}", ranks) : "", precision, load_s,
+               loaded_bytes / load_s / 1e9);
     fmt::print("bandwidth probe  {:.1f} GB/s ({}){}\n", probe.gbs, probe.what,
                ceiling_gbs != probe.gbs ? fmt::format("; x {} GPUs = {:.1f} GB/s", ranks, ceiling_gbs) : "");
     for (const PrefillResult& p : prefills)

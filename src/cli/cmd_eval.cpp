@@ -84,7 +84,7 @@ void add_eval_command(CLI::App& app) {
                   "write every named intermediate (model.layers.{i}.*) as f32 .bin files plus manifest.json here "
                   "(prefill mode)");
   cmd->add_option("--greedy", o->greedy, "print {\"greedy\":[...]} with N greedy tokens after the prompt");
-  add_tensor_parallel_flag(cmd, o->tensor_parallel);
+  add_device_flags(cmd, o->tensor_parallel);
   cmd->callback([o] {
     const std::vector<int32_t> ids = parse_ids(o->ids);
     const models::EvalMode mode = models::parse_eval_mode(o->mode);

@@ -60,7 +60,7 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
   cmd->add_option("--threads", o->threads, "CPU threads for the model (default: all)")->check(CLI::Range(1, 4096));
   cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
-  add_tensor_parallel_flag(cmd, o->tensor_parallel);
+  add_device_flags(cmd, o->tensor_parallel);
   cmd->add_option("--memory-fraction", o->scheduler.memory_fraction,
                   "of a GPU's free memory (after the weights) the KV cache and states may take (default 0.9)")
       ->check(CLI::Range(0.01, 1.0));

@@ -43,6 +43,11 @@ std::string model_or_default(const std::string& model) {
   return dir;
 }
 
+namespace {
+// --precision of this process's command (one command runs per process).
+bool exact_precision = false;
+}  // namespace
+
 std::unique_ptr<Ops> make_ops(const std::string& device) {
   if (device == "cpu") return make_cpu_ops(global_thread_pool());
   if (device == "ref") return make_ref_ops();
@@ -51,7 +56,7 @@ std::unique_ptr<Ops> make_ops(const std::string& device) {
     const std::string index = device.size() > 5 ? device.substr(5) : "0";
     QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
                  "--device {}: expected cuda or cuda:N with N a GPU index", device);
-    return make_cuda_ops(std::stoi(index), Precision::fast);
+    return make_cuda_ops(std::stoi(index), exact_precision ? Precision::exact : Precision::fast);
 #else
     fail("--device {}: this build has no CUDA backend (configure with -DQINFER_CUDA=ON where nvcc is installed)",
          device);
@@ -89,11 +94,19 @@ DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::s
   return m;
 }
 
-void add_tensor_parallel_flag(CLI::App* cmd, int& tensor_parallel) {
+std::string precision_name() { return exact_precision ? "exact" : "fast"; }
+
+void add_device_flags(CLI::App* cmd, int& tensor_parallel) {
   cmd->add_option("--tensor-parallel", tensor_parallel,
                   "split the model over N ranks: threads sharing the host (cpu, ref), or GPUs cuda:K..K+N-1 over "
                   "NCCL (default 1)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option_function<std::string>(
+         "--precision", [](const std::string& value) { exact_precision = value == "exact"; },
+         "cuda prompt processing: fast (default; bf16 operands in its GEMMs and attention, as PyTorch and vLLM run a "
+         "bf16 model) or exact (bf16-pair GEMMs and TF32 attention, within ~1e-3 of an f32 forward; 2-3x the "
+         "GEMM work). Decode steps are exact either way")
+      ->check(CLI::IsMember({"fast", "exact"}));
 }
 
 std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device,
@@ -127,7 +140,7 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
       ->check(CLI::IsMember({"show", "hide"}));
   cmd->add_flag("!--no-thinking", f.thinking, "ask the template to turn thinking off (enable_thinking=false)");
   cmd->add_option("--device", f.device, "cpu (default), ref or cuda[:N]");
-  add_tensor_parallel_flag(cmd, f.tensor_parallel);
+  add_device_flags(cmd, f.tensor_parallel);
 }
 
 }  // namespace qinfer::cli

@@ -40,8 +40,11 @@ std::string rank_device(const std::string& device, int rank);
 std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint& checkpoint, const std::string& device,
                                                         int ranks);
 DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::string& device, int tensor_parallel);
-// --tensor-parallel N, the same on every command.
-void add_tensor_parallel_flag(CLI::App* cmd, int& tensor_parallel);
+// --tensor-parallel N and --precision fast|exact (the cuda backend's prompt GEMMs and attention),
+// the same on every command that takes --device.
+void add_device_flags(CLI::App* cmd, int& tensor_parallel);
+// The --precision in effect: "fast" or "exact".
+std::string precision_name();
 
 std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device = "cpu",
                                         int tensor_parallel = 1);

@@ -37,11 +37,14 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
   Ops& ops = ctx.ops;
   const int64_t T = ctx.tokens(), hd = head_dim;
   Tensor q = ctx.alloc({T, heads, hd});
+  Tensor k = ctx.alloc({T, kv_heads, hd});
+  Tensor v = ctx.alloc({T, kv_heads, hd});
+  Tensor k_flat = k.reshape({T, kv_heads * hd}), v_flat = v.reshape({T, kv_heads * hd});
   Tensor gate;
   if (output_gate) {
     // q_proj rows interleave per head: [query(hd) | gate(hd)] for head 0, then head 1, ...
     Tensor q_and_gate = ctx.alloc({T, heads * 2 * hd});
-    ops.linear(x, q_proj, q_and_gate);
+    ops.linear_many(x, {&q_proj, &k_proj, &v_proj}, {&q_and_gate, &k_flat, &v_flat});
     Tensor per_head = q_and_gate.reshape({T * heads, 2 * hd});
     Tensor q_rows = q.reshape({T * heads, hd});
     gate = ctx.alloc({T * heads, hd});
@@ -50,13 +53,8 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
     gate = gate.reshape({T, heads * hd});
   } else {
     Tensor q_flat = q.reshape({T, heads * hd});
-    ops.linear(x, q_proj, q_flat);
+    ops.linear_many(x, {&q_proj, &k_proj, &v_proj}, {&q_flat, &k_flat, &v_flat});
   }
-  Tensor k = ctx.alloc({T, kv_heads, hd});
-  Tensor v = ctx.alloc({T, kv_heads, hd});
-  Tensor k_flat = k.reshape({T, kv_heads * hd}), v_flat = v.reshape({T, kv_heads * hd});
-  ops.linear(x, k_proj, k_flat);
-  ops.linear(x, v_proj, v_flat);
 
   ops.rms_norm_rope(q, q_norm, eps, ctx.positions, rope);
   ops.rms_norm_rope(k, k_norm, eps, ctx.positions, rope);

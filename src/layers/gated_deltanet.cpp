@@ -44,8 +44,7 @@ void GatedDeltaNet::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) c
   if (grouped) {
     // Per key head g: [q(Dk) | k(Dk) | v(r·Dv) | z(r·Dv)] and [b(r) | a(r)]; value head = g·r + j.
     Tensor qkvz = ctx.alloc({T, 2 * keys + 2 * values}), ba = ctx.alloc({T, 2 * Hv});
-    ops.linear(x, in_proj_qkvz, qkvz);
-    ops.linear(x, in_proj_ba, ba);
+    ops.linear_many(x, {&in_proj_qkvz, &in_proj_ba}, {&qkvz, &ba});
     Tensor groups = qkvz.reshape({T * Hk, 2 * Dk + 2 * r * Dv});
     Tensor q = ctx.alloc({T * Hk, Dk}), k = ctx.alloc({T * Hk, Dk}), v = ctx.alloc({T * Hk, r * Dv});
     Tensor z_groups = z.reshape({T * Hk, r * Dv});
@@ -61,10 +60,7 @@ void GatedDeltaNet::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) c
     ops.copy_columns(ba_groups, 0, b_groups, 0, r);
     ops.copy_columns(ba_groups, r, a_groups, 0, r);
   } else {
-    ops.linear(x, in_proj_qkv, qkv);
-    ops.linear(x, in_proj_z, z);
-    ops.linear(x, in_proj_b, b);
-    ops.linear(x, in_proj_a, a);
+    ops.linear_many(x, {&in_proj_qkv, &in_proj_z, &in_proj_b, &in_proj_a}, {&qkv, &z, &b, &a});
   }
 
   // 2. Causal conv over the channels with SiLU, continuing each sequence's window.

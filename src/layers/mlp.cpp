@@ -10,8 +10,7 @@ Mlp Mlp::load(const WeightLoader& w, const std::string& prefix) {
 void Mlp::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const {
   const int64_t T = x.dim(0), I = gate_proj.shape()[0];
   Tensor gate = ctx.alloc({T, I}), up = ctx.alloc({T, I});
-  ctx.ops.linear(x, gate_proj, gate);
-  ctx.ops.linear(x, up_proj, up);
+  ctx.ops.linear_many(x, {&gate_proj, &up_proj}, {&gate, &up});
   ctx.ops.silu_mul(gate, up, gate);
   ctx.ops.linear(gate, down_proj, out);
 }

@@ -210,10 +210,12 @@ void add_linear_mma(std::vector<Case>& cases) {
   }
 }
 
-// The one-token affine 4/8-bit GEMV (gemv_affine.cu) on the H200's 132 SMs: four rows per warp
-// (4224+ rows), two (2112+), one; more rounds of chunk loads than its pipeline holds for each; blocks
-// and warps past the last row; x in shared memory past 48 KiB (in = 12288) and too large for it (in
-// = 60032: the tiles take it); x magnitudes from 1e-23 to 1e24 (each x chunk gets its own exponent).
+// The one-token affine 4/8-bit GEMV (gemv_affine.cu): rows of one chunk to 2 × 512 chunks per block
+// (4-bit in = 16640: two chunks per thread, the second owned by some threads only; 8-bit there and
+// in = 60032 for both: the tiles take it); warps past the last chunk; tiles past the last row; many
+// tiles per block (out = 30011); x magnitudes from 1e-23 to 1e24 (each x chunk gets its own exponent).
+// Through linear_many: matrices of one layout in one launch (rows of each past a tile's end), and
+// mixed group sizes (matrix by matrix).
 void add_linear_gemv_affine(std::vector<Case>& cases) {
   struct Shape {
     int64_t in, out;
@@ -223,7 +225,8 @@ void add_linear_gemv_affine(std::vector<Case>& cases) {
   const Shape shapes[] = {{64, 7, false, 1.0f},     {128, 4501, false, 1.0f}, {3136, 4300, true, 1.0f},
                           {256, 2500, true, 1.0f},  {4608, 2200, false, 1.0f}, {4160, 1000, false, 1.0f},
                           {4224, 97, true, 1.0f},   {12288, 33, false, 1.0f}, {1024, 1, true, 1e20f},
-                          {2048, 5, true, 1e-20f},  {60032, 3, false, 1.0f}};
+                          {2048, 5, true, 1e-20f},  {60032, 3, false, 1.0f}, {16640, 45, true, 1.0f},
+                          {1536, 30011, false, 1.0f}};
   constexpr DType kScaleTypes[] = {DType::bf16, DType::f16, DType::f32};
   for (int bits : {4, 8}) {
     for (int group : {32, 64, 128}) {
@@ -246,6 +249,40 @@ void add_linear_gemv_affine(std::vector<Case>& cases) {
                          }});
       }
     }
+  }
+  struct Many {
+    int bits;
+    std::vector<int> groups;  // one per matrix
+    DType scale_type;
+    int64_t in;
+    std::vector<int64_t> outs;
+  };
+  const Many batches[] = {{4, {64, 64, 64}, DType::bf16, 4096, {1025, 7, 1026}},
+                          {4, {32, 32, 32, 32}, DType::f32, 16640, {9, 1, 300, 2}},
+                          {8, {64, 64}, DType::f16, 3136, {50, 3}},
+                          {8, {128, 128, 128}, DType::bf16, 1024, {4, 4096, 13}},
+                          {4, {64, 32}, DType::bf16, 256, {33, 40}}};
+  for (const Many& m : batches) {
+    cases.push_back({"linear_many", fmt::format("gemv affine {}-bit g{} {} scales T=1 in={} outs=[{}]", m.bits,
+                                                fmt::join(m.groups, "/"), name(m.scale_type), m.in, fmt::join(m.outs, ",")),
+                     [=](Run& r) {
+                       Tensor x = wide_range_x(r.rng, 1, m.in);
+                       std::vector<Weight> host, device;
+                       std::vector<Tensor> want, got;
+                       for (size_t i = 0; i < m.outs.size(); ++i) {
+                         const quant::Layout layout{quant::Mode::affine, m.bits, m.groups[i]};
+                         host.push_back(with_scale_dtype(random_quantized(r.rng, layout, {m.outs[i], m.in}), m.scale_type));
+                         device.push_back(put_weight(r, host.back()));
+                         want.push_back(host_tensor(DType::f32, {1, m.outs[i]}));
+                         r.ref.linear(x, host.back(), want.back());
+                         got.push_back(r.dut.alloc(DType::f32, {1, m.outs[i]}));
+                       }
+                       std::vector<const Weight*> ws;
+                       std::vector<Tensor*> ys;
+                       for (size_t i = 0; i < m.outs.size(); ++i) ws.push_back(&device[i]), ys.push_back(&got[i]);
+                       r.dut.linear_many(r.put(x), ws, ys);
+                       for (size_t i = 0; i < m.outs.size(); ++i) r.compare(fmt::format("y{}", i), got[i], want[i], kTol);
+                     }});
   }
 }
 
@@ -449,6 +486,20 @@ void add_attention(std::vector<Case>& cases) {
       {4, 4, 128, 5, {100, 17}, {0, 200}, kTf32Tol},               // head_dim 128 without GQA
       {16, 2, 64, 5, {17, 100}, {0, 77}, kTf32Tol},                // head_dim 64, GQA 8, 5-token pages
       {8, 8, 256, 16, {300, 1}, {40, 0}, kTf32Tol},                // head_dim 256 without GQA
+      // Decode (one token per sequence; sequences of few keys leave key splits empty) and
+      // speculative verification (2-8 tokens per sequence): the flash-decoding kernel where the
+      // backend has one, its tiles of 1-8 rows, GQA 1 / 4 / 8.
+      {32, 8, 128, 16, {1, 1, 1, 1, 1, 1, 1}, {0, 1, 31, 32, 33, 200, 1000}},  // GQA 4
+      {16, 2, 64, 5, {1, 1, 1, 1, 1, 1, 1}, {1000, 0, 33, 1, 200, 31, 32}},    // head_dim 64, GQA 8
+      {8, 8, 256, 7, {1, 1, 1, 1, 1, 1, 1}, {31, 1000, 0, 200, 33, 1, 32}},    // head_dim 256, no GQA
+      {16, 4, 256, 16, {1, 1}, {1000, 33}},                                    // head_dim 256, GQA 4
+      {8, 1, 256, 5, {1, 1}, {200, 31}},                    // head_dim 256, GQA 8: two tiles of 4 rows
+      {4, 4, 128, 7, {1, 1, 1}, {32, 1000, 0}},             // head_dim 128, one row per tile
+      {8, 4, 64, 16, {1, 1}, {1, 200}},                     // head_dim 64, two rows per tile
+      {32, 8, 128, 7, {2, 8, 5, 3}, {0, 33, 1000, 31}},     // verification, GQA 4: four tiles of 8
+      {16, 2, 128, 16, {7, 2}, {40, 300}},                  // verification, GQA 8
+      {8, 8, 64, 5, {8, 4, 1}, {200, 0, 32}},               // verification, no GQA
+      {16, 4, 256, 7, {4, 8, 2}, {1, 200, 1000}},           // verification, head_dim 256
   };
   for (const Shape& s : shapes) {
     cases.push_back({"attention",
@@ -494,6 +545,40 @@ void add_attention(std::vector<Case>& cases) {
                        r.compare("out", out, out_ref, s.tol);
                      }});
   }
+  // Recorded decode steps (CUDA graphs: the first runs as is, the second is recorded, the third
+  // replayed) plan their key splits for the block table's capacity, here far above most keys.
+  cases.push_back({"attention", "recorded decode h=32 kv=8 hd=128 bs=16, 64 blocks per sequence", [](Run& r) {
+                     const int64_t S = 3, heads = 32, kv_heads = 8, head_dim = 128;
+                     AttentionLayout layout;
+                     layout.seqs = make_layout({1, 1, 1}, S, r.rng);
+                     layout.block_size = 16, layout.max_blocks = 64;
+                     layout.block_table.resize(S * layout.max_blocks);
+                     std::iota(layout.block_table.begin(), layout.block_table.end(), 0);
+                     std::shuffle(layout.block_table.begin(), layout.block_table.end(), r.rng.engine());
+                     const std::vector<int64_t> pool_shape = {S * layout.max_blocks, layout.block_size, kv_heads,
+                                                              head_dim};
+                     KvPool pool{random_tensor(r.rng, DType::f32, pool_shape), random_tensor(r.rng, DType::f32, pool_shape)};
+                     KvPool pool_dut{r.put(pool.k), r.put(pool.v)};
+                     Tensor q = random_tensor(r.rng, DType::f32, {S, heads, head_dim});
+                     Tensor q_dut = r.put(q);
+                     Tensor out = r.dut.alloc(DType::f32, {S, heads, head_dim});
+                     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+                     const std::vector<std::vector<int32_t>> steps = {{0, 31, 200}, {33, 1000, 1}, {1023, 5, 64}};
+                     for (size_t i = 0; i < steps.size(); ++i) {
+                       layout.cached = steps[i];
+                       Tensor out_ref = host_tensor(DType::f32, {S, heads, head_dim});
+                       r.ref.attention(q, pool, layout, scale, out_ref);
+                       r.dut.begin_step("op_harness recorded attention decode");
+                       try {
+                         r.dut.attention(q_dut, pool_dut, layout, scale, out);
+                       } catch (...) {
+                         r.dut.abort_step();
+                         throw;
+                       }
+                       r.compare(fmt::format("out step {} cached={}", i, seqs_str(steps[i])), r.dut.end_step(out),
+                                 out_ref, kTol);
+                     }
+                   }});
 }
 
 void add_moe(std::vector<Case>& cases) {
@@ -678,9 +763,51 @@ void add_sample(std::vector<Case>& cases) {
 
 }  // namespace
 
+// Several matrices on one x: one launch on a device backend when all take the one-token kernels
+// (same dtype and width; rows of each past a block's end), matrix by matrix otherwise (mixed
+// formats, several tokens, prefill-sized batches).
+void add_linear_many(std::vector<Case>& cases) {
+  struct Shape { int64_t T, in; std::vector<int64_t> outs; bool mixed; };
+  const Shape shapes[] = {{1, 256, {96, 33, 33}, false},  {1, 4096, {4, 1}, false},    {1, 136, {7, 5, 9, 1}, false},
+                          {1, 256, {64, 67}, true},       {3, 256, {96, 32, 32}, false}, {20, 128, {40, 8}, false},
+                          {1, 4104, {130, 2}, false}};
+  for (DType dt : kWeightTypes) {
+    for (const Shape& s : shapes) {
+      cases.push_back({"linear_many", fmt::format("{}{} T={} in={} outs=[{}]", name(dt), s.mixed ? "+affine 4-bit" : "",
+                                                  s.T, s.in, fmt::join(s.outs, ",")),
+                       [=](Run& r) {
+                         Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.in});
+                         std::vector<Weight> host, device;
+                         for (size_t i = 0; i < s.outs.size(); ++i) {
+                           if (s.mixed && i == 1) {
+                             host.push_back(random_quantized(r.rng, {quant::Mode::affine, 4, 64}, {s.outs[i], s.in}));
+                             device.push_back(put_weight(r, host.back()));
+                           } else {
+                             host.push_back(random_tensor(r.rng, dt, {s.outs[i], s.in}, 0.5f));
+                             device.push_back(r.put(host.back().dense));
+                           }
+                         }
+                         std::vector<Tensor> want, got;
+                         std::vector<const Weight*> ws;
+                         std::vector<Tensor*> ys;
+                         for (size_t i = 0; i < s.outs.size(); ++i) {
+                           want.push_back(host_tensor(DType::f32, {s.T, s.outs[i]}));
+                           r.ref.linear(x, host[i], want.back());
+                           got.push_back(r.dut.alloc(DType::f32, {s.T, s.outs[i]}));
+                         }
+                         for (size_t i = 0; i < s.outs.size(); ++i) ws.push_back(&device[i]), ys.push_back(&got[i]);
+                         r.dut.linear_many(r.put(x), ws, ys);
+                         for (size_t i = 0; i < s.outs.size(); ++i)
+                           r.compare(fmt::format("y{}", i), got[i], want[i], kTol);
+                       }});
+    }
+  }
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   add_linear(cases);
+  add_linear_many(cases);
   add_linear_quantized(cases);
   add_linear_mma(cases);
   add_linear_gemv_affine(cases);

@@ -154,32 +154,39 @@ PerfCase linear_quantized_case(int64_t T, int64_t in, int64_t out, quant::Layout
           }};
 }
 
-// T new tokens after `cached` ones: T = 1 is a decode step; T > 1 a prefill chunk.
-PerfCase attention_case(int64_t T, int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd) {
-  const std::string kind = T == 1 ? fmt::format("decode {} cached", cached) : fmt::format("prefill {}+{}", cached, T);
+// T new tokens after `cached` ones in each of `seqs` sequences: T = 1 is a decode step; T > 1 a
+// prefill chunk.
+PerfCase attention_case(int64_t T, int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd, int64_t seqs = 1) {
+  const std::string batch = seqs == 1 ? "" : fmt::format("{}x", seqs);
+  const std::string kind = T == 1 ? fmt::format("decode {}{} cached", batch, cached)
+                                  : fmt::format("prefill {}{}+{}", batch, cached, T);
   return {fmt::format("attention {} h={} kv={} hd={}", kind, heads, kv_heads, hd), [=](Ops& ops, const Put& put) {
             const int64_t n_keys = cached + T;
             const int32_t bs = 16, blocks = static_cast<int32_t>((n_keys + bs - 1) / bs);
-            const double kv_bytes = 2.0 * n_keys * kv_heads * hd * 4;
+            const double kv_bytes = 2.0 * seqs * n_keys * kv_heads * hd * 4;
             const int copies = T == 1 ? copies_for(kv_bytes) : 1;
-            auto pool = std::make_shared<KvPool>(KvPool{pattern_tensor(put, DType::f32, {copies * blocks, bs, kv_heads, hd}),
-                                                        pattern_tensor(put, DType::f32, {copies * blocks, bs, kv_heads, hd})});
+            const int64_t pool_blocks = copies * seqs * blocks;
+            auto pool = std::make_shared<KvPool>(KvPool{pattern_tensor(put, DType::f32, {pool_blocks, bs, kv_heads, hd}),
+                                                        pattern_tensor(put, DType::f32, {pool_blocks, bs, kv_heads, hd})});
             auto layouts = std::make_shared<std::vector<AttentionLayout>>(copies);
             for (int c = 0; c < copies; ++c) {
               AttentionLayout& l = (*layouts)[c];
-              l.seqs.cu_seqlens = {0, static_cast<int32_t>(T)};
-              l.seqs.state_slot = {0};
-              l.cached = {static_cast<int32_t>(cached)};
+              l.seqs.cu_seqlens = {0};
+              for (int64_t s = 0; s < seqs; ++s) {
+                l.seqs.cu_seqlens.push_back(static_cast<int32_t>((s + 1) * T));
+                l.seqs.state_slot.push_back(static_cast<int32_t>(s));
+                l.cached.push_back(static_cast<int32_t>(cached));
+              }
               l.block_size = bs, l.max_blocks = blocks;
-              for (int32_t b = 0; b < blocks; ++b) l.block_table.push_back(c * blocks + b);
+              for (int32_t b = 0; b < seqs * blocks; ++b) l.block_table.push_back(static_cast<int32_t>(c * seqs * blocks + b));
             }
-            auto q = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, heads, hd}));
-            auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, heads, hd}));
+            auto q = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {seqs * T, heads, hd}));
+            auto out = std::make_shared<Tensor>(ops.alloc(DType::f32, {seqs * T, heads, hd}));
             const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
             // Keys seen, summed over the causal rows: q·k and p·v are 2 flops per feature each.
-            const double pairs = T * cached + T * (T + 1) / 2.0;
+            const double pairs = seqs * (T * cached + T * (T + 1) / 2.0);
             return Bench{[=, &ops](int i) { ops.attention(*q, *pool, (*layouts)[i % copies], scale, *out); },
-                         kv_bytes + 8.0 * T * heads * hd, 4.0 * heads * hd * pairs};
+                         kv_bytes + 8.0 * seqs * T * heads * hd, 4.0 * heads * hd * pairs};
           }};
 }
 
@@ -303,8 +310,14 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
         linear_quantized_case(1, 4096, 1024, {quant::Mode::affine, 8, 64}),
         linear_quantized_case(1, 4096, 151936, {quant::Mode::affine, 8, 64}),
         linear_quantized_case(8192, 4096, 12288, {quant::Mode::affine, 4, 64}),
+        attention_case(1, 512, 32, 8, 128),
         attention_case(1, 4096, 32, 8, 128),
+        attention_case(1, 512, 32, 8, 128, 8),
+        attention_case(1, 4096, 32, 8, 128, 8),
+        attention_case(1, 512, 16, 4, 256),
         attention_case(1, 4096, 16, 4, 256),
+        attention_case(1, 512, 16, 4, 256, 8),
+        attention_case(1, 4096, 16, 4, 256, 8),
         attention_case(8192, 0, 32, 8, 128),
         attention_case(8192, 0, 16, 4, 256),
         gdn_case(1, GdnAlgorithm::recurrent, 16, 32, 128, 128),

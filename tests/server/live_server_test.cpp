@@ -175,27 +175,37 @@ TEST(LiveServer, SixtyFourStreamsWithAThirdAbortedFreeEverything) {
   EXPECT_GT(s.stats().state_slots_total, 0);  // the hybrid model holds recurrent state per sequence
 }
 
-// tools/loadgen.mjs keeps working against the server (a smoke run, not a measurement).
+// tools/loadgen.py keeps working against the server on both endpoints, and reports a refused request
+// (a smoke run, not a measurement).
 TEST(LiveServer, LoadGeneratorReports) {
-  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is not installed";
+  ASSERT_EQ(std::system("command -v python3 >/dev/null 2>&1"), 0) << "python3 is not installed";
   LiveServer s(false, "qwen3.jinja");
-  const qinfer::testing::CommandResult r = qinfer::testing::run_command(
-      "node '" + (repo_root() / "tools" / "loadgen.mjs").string() + "' --url http://127.0.0.1:" +
-      std::to_string(s.port()) + "/v1 --concurrency 1,4 --requests 4 --max-tokens 5 --json");
-  ASSERT_EQ(r.status, 0) << r.out << r.err;
-  std::istringstream lines(r.out);
-  std::string line;
-  int levels = 0;
-  while (std::getline(lines, line)) {
-    const json level = json::parse(line, nullptr, false);
-    ASSERT_TRUE(level.is_object()) << line;
-    EXPECT_EQ(level["failed"], 0) << line;
-    EXPECT_EQ(level["output_tokens"], 4 * 5) << line;  // ignore_eos: every request runs to max_tokens
-    EXPECT_GT(level["output_tok_s"].get<double>(), 0);
-    EXPECT_GT(level["ttft_ms"]["p50"].get<double>(), 0);
-    ++levels;
+  const std::string loadgen = "python3 '" + (repo_root() / "tools" / "loadgen.py").string() +
+                              "' --url http://127.0.0.1:" + std::to_string(s.port()) + "/v1";
+  for (const std::string endpoint : {"chat", "completions"}) {
+    const qinfer::testing::CommandResult r = qinfer::testing::run_command(
+        loadgen + " --endpoint " + endpoint + " --concurrency 1,4 --requests 4 --max-tokens 5 --json");
+    ASSERT_EQ(r.status, 0) << endpoint << ":\n" << r.out << r.err;
+    std::istringstream lines(r.out);
+    std::string line;
+    int levels = 0;
+    while (std::getline(lines, line)) {
+      const json level = json::parse(line, nullptr, false);
+      ASSERT_TRUE(level.is_object()) << line;
+      EXPECT_EQ(level["ok"], 4) << line;
+      EXPECT_EQ(level["failed"], 0) << line;
+      EXPECT_EQ(level["output_tokens"], 4 * 5) << line;  // ignore_eos: every request runs to max_tokens
+      EXPECT_EQ(level["tokens_from"], "usage") << line;
+      EXPECT_GT(level["output_tok_s"].get<double>(), 0) << line;
+      EXPECT_GT(level["ttft_ms"]["p50"].get<double>(), 0) << line;
+      ++levels;
+    }
+    EXPECT_EQ(levels, 2) << endpoint;
   }
-  EXPECT_EQ(levels, 2);
+  const qinfer::testing::CommandResult refused =
+      qinfer::testing::run_command(loadgen + " --model nope --concurrency 2 --requests 2 --max-tokens 5");
+  EXPECT_EQ(refused.status, 1) << refused.out << refused.err;
+  EXPECT_THAT(refused.out, HasSubstr("first error: HTTP 404: The model `nope` does not exist")) << refused.err;
   expect_all_free(s);
 }
 

@@ -1,12 +1,15 @@
 // Paged KV: storing a batch's keys / values, and causal GQA attention over the pool.
 //
-// The f32 CUDA-core kernel, flash-attention style, for decode and small batches: a block takes a
-// tile of up to 32 query rows of one sequence and kv head (rows = the sequence's tokens × the group's
-// query heads, so GQA heads share every key / value tile they load), walks the keys in tiles of 32
-// through shared memory with an online softmax, and masks each row at its own causal limit. For
-// decode-sized batches the keys of a tile are split among `splits` blocks (flash-decoding) and a
-// second kernel merges their partial results. Decode is bound by reading the pool, so f32
-// arithmetic costs nothing there; prefill goes to attention_mma.cu's tensor cores (see launch.h).
+// The f32 CUDA-core kernel, flash-attention style, for small batches the other kernels do not take:
+// a block takes a tile of up to 32 query rows of one sequence and kv head (rows = the sequence's
+// tokens × the group's query heads, so GQA heads share every key / value tile they load), walks the
+// keys in tiles of 32 through shared memory with an online softmax, and masks each row at its own
+// causal limit. With few blocks the keys of a tile are split among `splits` blocks and a second
+// kernel merges their partial results. Decode and verification batches (a few tokens per sequence)
+// go to the flash-decoding kernel below, prefill to attention_mma.cu's tensor cores (see launch.h).
+// Decode is bound by reading the pool, so f32 arithmetic costs nothing there.
+#include <string>
+
 #include "backend/cuda/common.cuh"
 
 namespace qinfer::cuda {
@@ -191,6 +194,377 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
+// --- decode: flash-decoding with the keys across warps --------------------------------------------
+// For batches of few query tokens per sequence. A block takes one (query tile, kv head, key split);
+// its warps take the split's chunks of keys in turn. A warp's lanes lie across head_dim, so every
+// lane loads, scores and accumulates its own features of a key and the tile's query rows stay in
+// registers; a dot product is one butterfly of shuffles. Keys come in by cp.async, kStages chunks
+// ahead, into a per-warp ring that each lane reads back only where it wrote: no barrier per chunk.
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * kWarp;
+constexpr int kDecodeMinSplitKeys = 16;  // a split keeps every warp busy for a chunk at the least
+
+// A lane holds kVec features of each row as kPieces runs of kPiece floats (one 8- or 16-byte load
+// each); a piece of the warp spans kWarp · kPiece contiguous features.
+template <int HD>
+struct DecodeShape {
+  static constexpr int kVec = HD / kWarp;
+  static constexpr int kPiece = kVec >= 4 ? 4 : kVec;
+  static constexpr int kPieces = kVec / kPiece;
+  static constexpr int kChunk = HD <= 128 ? 4 : 2;  // keys per online-softmax step
+  static constexpr int kStages = HD <= 64 ? 6 : 3;  // 12 KiB of keys and values in flight per warp
+  static constexpr int kMaxRows = HD <= 128 ? 8 : 4;  // query rows in registers
+  static constexpr int kStageFloats = kChunk * 2 * HD;
+  static constexpr int kRingFloats = kStages * kStageFloats;
+  static __device__ __forceinline__ int piece_offset(int p, int lane) { return (p * kWarp + lane) * kPiece; }
+};
+
+template <int P>
+__device__ __forceinline__ void load_piece(const float* src, float* dst) {
+  if constexpr (P == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
+template <int P>
+__device__ __forceinline__ void store_piece(float* dst, const float* v) {
+  if constexpr (P == 4)
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  else
+    *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+}
+
+template <int P>
+__device__ __forceinline__ void cp_async_piece(float* dst, const float* src) {
+  const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (P == 4)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(addr), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int HD, int R>
+constexpr int decode_shared_floats() {
+  using S = DecodeShape<HD>;
+  // The key rings, then (reusing them) the warps' accumulators, maxima, sums and merge weights.
+  return std::max(kDecodeWarps * S::kRingFloats, kDecodeWarps * R * HD + 3 * kDecodeWarps * R + R);
+}
+
+// Scores are kept in base 2: q comes pre-scaled by scale · log2(e). Rows past the tile's `rows`
+// repeat its last row (their results are dropped), so every row has a key and a finite maximum.
+template <int HD, int R>
+__global__ void __launch_bounds__(kDecodeThreads)
+    attention_decode_kernel(const float* __restrict__ q, const float* __restrict__ pool_k,
+                            const float* __restrict__ pool_v, AttentionArrays L, int heads, int kv_heads,
+                            float scale_log2, int splits, int64_t T, float* __restrict__ partial,
+                            float* __restrict__ out) {
+  using S = DecodeShape<HD>;
+  constexpr int kVec = S::kVec, kPiece = S::kPiece, kPieces = S::kPieces, kChunk = S::kChunk;
+  constexpr int kStages = S::kStages;
+  constexpr int kChunksPerLookup = kWarp / kChunk;  // chunks whose pool rows one lane-wide lookup finds
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  extern __shared__ float4 decode_smem[];
+  float* smem = reinterpret_cast<float*>(decode_smem);
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int s = L.tiles[2 * blockIdx.x], r0 = L.tiles[2 * blockIdx.x + 1];
+  const int kvh = blockIdx.y, split = blockIdx.z;
+  const int group = heads / kv_heads;
+  const int seq_begin = L.cu_seqlens[s], len = L.cu_seqlens[s + 1] - seq_begin;
+  const int rows = min(R, len * group - r0);
+  const int cached = L.cached[s];
+
+  // Query row r is token (r0 + r) / group of the sequence at head kvh·group + (r0 + r) % group.
+  auto q_offset = [&](int r) {
+    const int row = r0 + r;
+    const int64_t t = seq_begin + row / group, h = static_cast<int64_t>(kvh) * group + row % group;
+    return (t * heads + h) * HD;
+  };
+  float qr[R][kVec];
+  int limit[R];  // keys row r sees (causal)
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rr = min(r, rows - 1);
+    limit[r] = cached + (r0 + rr) / group + 1;
+    const float* src = q + q_offset(rr);
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p) load_piece<kPiece>(src + S::piece_offset(p, lane), qr[r] + p * kPiece);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) qr[r][e] *= scale_log2;
+  }
+
+  // The split's chunks of kChunk keys; this warp's are c_begin + warp + i·kDecodeWarps.
+  const int tile_keys = limit[R - 1];
+  const int chunks = (tile_keys + kChunk - 1) / kChunk;
+  const int share = (chunks + splits - 1) / splits;
+  const int c_begin = split * share, c_end = min(chunks, c_begin + share);
+  const int n_chunks = c_begin + warp < c_end ? (c_end - c_begin - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  auto first_key = [&](int i) { return (c_begin + warp + i * kDecodeWarps) * kChunk; };
+
+  // Lane l finds the pool row of key l % kChunk of the lookup's chunk l / kChunk; keys past the
+  // tile load its last key (in the table), and the causal mask drops them.
+  const int32_t* blocks = L.block_table + static_cast<int64_t>(s) * L.max_blocks;
+  auto lookup = [&](int first_chunk) {
+    const int key = min(first_key(first_chunk + lane / kChunk) + lane % kChunk, tile_keys - 1);
+    return blocks[key / L.block_size] * L.block_size + key % L.block_size;
+  };
+  float* ring = smem + warp * S::kRingFloats;
+  int looked_up = -1, lane_row = 0;
+  auto issue = [&](int i) {
+    const int first = i - i % kChunksPerLookup;
+    if (first != looked_up) lane_row = lookup(first), looked_up = first;
+    float* stage = ring + (i % kStages) * S::kStageFloats;
+#pragma unroll
+    for (int n = 0; n < kChunk; ++n) {
+      const int row = __shfl_sync(kAll, lane_row, (i % kChunksPerLookup) * kChunk + n);
+      const int64_t offset = (static_cast<int64_t>(row) * kv_heads + kvh) * HD;
+#pragma unroll
+      for (int p = 0; p < kPieces; ++p) {
+        const int d = S::piece_offset(p, lane);
+        cp_async_piece<kPiece>(stage + 2 * n * HD + d, pool_k + offset + d);
+        cp_async_piece<kPiece>(stage + (2 * n + 1) * HD + d, pool_v + offset + d);
+      }
+    }
+  };
+
+  float m[R], l[R], acc[R][kVec];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[r][e] = 0.0f;
+  }
+  // Every step commits a group (empty past the end) so that wait_group counts chunks.
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_chunks) issue(i);
+    cp_async_commit();
+  }
+  for (int i = 0; i < n_chunks; ++i) {
+    __syncwarp();  // this lane's reads of the stage being refilled (chunk i − 1) are done
+    if (i + kStages - 1 < n_chunks) issue(i + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    const float* stage = ring + (i % kStages) * S::kStageFloats;
+    float score[kChunk][R];
+#pragma unroll
+    for (int n = 0; n < kChunk; ++n) {
+      float k[kVec];
+#pragma unroll
+      for (int p = 0; p < kPieces; ++p)
+        load_piece<kPiece>(stage + 2 * n * HD + S::piece_offset(p, lane), k + p * kPiece);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) dot = fmaf(qr[r][e], k[e], dot);
+        score[n][r] = dot;
+      }
+    }
+#pragma unroll
+    for (int offset = kWarp / 2; offset > 0; offset /= 2)
+#pragma unroll
+      for (int n = 0; n < kChunk; ++n)
+#pragma unroll
+        for (int r = 0; r < R; ++r) score[n][r] += __shfl_xor_sync(kAll, score[n][r], offset);
+
+    // Online softmax; the base stays 0 while a row has seen no key, so e^(−inf − base) is 0, not NaN.
+    const int key0 = first_key(i);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float chunk_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kChunk; ++n) {
+        if (key0 + n >= limit[r]) score[n][r] = -INFINITY;
+        chunk_max = fmaxf(chunk_max, score[n][r]);
+      }
+      const float new_max = fmaxf(m[r], chunk_max);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      const float rescale = exp2f(m[r] - base);
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kChunk; ++n) {
+        score[n][r] = exp2f(score[n][r] - base);
+        sum += score[n][r];
+      }
+      l[r] = l[r] * rescale + sum;
+      m[r] = new_max;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[r][e] *= rescale;
+    }
+#pragma unroll
+    for (int n = 0; n < kChunk; ++n) {
+      float v[kVec];
+#pragma unroll
+      for (int p = 0; p < kPieces; ++p)
+        load_piece<kPiece>(stage + (2 * n + 1) * HD + S::piece_offset(p, lane), v + p * kPiece);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[r][e] = fmaf(score[n][r], v[e], acc[r][e]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Merge the warps: weights 2^(m_w − max) (0 for a warp that saw no key of the row).
+  __syncthreads();  // every warp is done with its ring
+  float* acc_s = smem;                                // [warps, R, HD]
+  float* m_s = acc_s + kDecodeWarps * R * HD;         // [warps, R]
+  float* l_s = m_s + kDecodeWarps * R;                // [warps, R]
+  float* weight_s = l_s + kDecodeWarps * R;           // [warps, R]
+  float* sum_s = weight_s + kDecodeWarps * R;         // [R]
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (lane == 0) m_s[warp * R + r] = m[r], l_s[warp * R + r] = l[r];
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p)
+      store_piece<kPiece>(acc_s + (warp * R + r) * HD + S::piece_offset(p, lane), acc[r] + p * kPiece);
+  }
+  __syncthreads();
+  const int tid = threadIdx.x;
+  if (tid < R) {
+    float max_all = -INFINITY;
+    for (int w = 0; w < kDecodeWarps; ++w) max_all = fmaxf(max_all, m_s[w * R + tid]);
+    float sum = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float weight = max_all == -INFINITY ? 0.0f : exp2f(m_s[w * R + tid] - max_all);
+      weight_s[w * R + tid] = weight;
+      sum += weight * l_s[w * R + tid];
+    }
+    sum_s[tid] = sum;
+    m_s[tid] = max_all;  // warp 0's slot, read by no one else now
+  }
+  __syncthreads();
+  auto merged = [&](int r, int d) {
+    float a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) a = fmaf(weight_s[w * R + r], acc_s[(w * R + r) * HD + d], a);
+    return a;
+  };
+  if (splits == 1) {
+    for (int idx = tid; idx < rows * HD; idx += kDecodeThreads) {
+      const int r = idx / HD, d = idx % HD;
+      out[q_offset(r) + d] = merged(r, d) / sum_s[r];
+    }
+    return;
+  }
+  // Partial results as launch_attention's: accumulators [splits, T, heads, hd], then (max, sum)
+  // pairs with the max in natural-log units; a split without keys leaves (−inf, 0) and zeros.
+  const int64_t slice = T * heads;
+  float* part_acc = partial + split * slice * HD;
+  float* part_ml = partial + splits * slice * HD + 2 * split * slice;
+  for (int idx = tid; idx < rows * HD; idx += kDecodeThreads) {
+    const int r = idx / HD, d = idx % HD;
+    part_acc[q_offset(r) + d] = merged(r, d);
+  }
+  for (int r = tid; r < rows; r += kDecodeThreads) {
+    const int64_t th = q_offset(r) / HD;
+    part_ml[2 * th] = m_s[r] * 0.69314718f;  // ln 2: base-2 max to natural log
+    part_ml[2 * th + 1] = sum_s[r];
+  }
+}
+
+// Merges a decode launch's splits: a warp per (token, head), lane i weighing splits i, i + 32, ...
+template <int HD>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_combine_kernel(const float* __restrict__ partial, int splits, int64_t slice, float* __restrict__ out) {
+  using S = DecodeShape<HD>;
+  constexpr int kPerLane = kAttentionDecodeMaxSplits / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t th = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp;
+  if (th >= slice) return;
+  const float* ml = partial + splits * slice * HD;
+  float m[kPerLane], weight[kPerLane];
+  float max_all = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = j * kWarp + lane;
+    m[j] = i < splits ? ml[2 * (i * slice + th)] : -INFINITY;
+    max_all = fmaxf(max_all, m[j]);
+  }
+  max_all = warp_max(max_all);  // finite: every row sees a key in some split
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = j * kWarp + lane;
+    weight[j] = m[j] == -INFINITY ? 0.0f : expf(m[j] - max_all);
+    if (i < splits) total += weight[j] * ml[2 * (i * slice + th) + 1];
+  }
+  total = warp_sum(total);
+  float a[S::kVec] = {};
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int count = min(kWarp, splits - j * kWarp);
+#pragma unroll 8
+    for (int src = 0; src < count; ++src) {
+      const float w = __shfl_sync(0xFFFFFFFFu, weight[j], src);
+      const float* row = partial + ((j * kWarp + src) * slice + th) * HD;
+      float v[S::kVec];
+#pragma unroll
+      for (int p = 0; p < S::kPieces; ++p)
+        load_piece<S::kPiece>(row + S::piece_offset(p, lane), v + p * S::kPiece);
+#pragma unroll
+      for (int e = 0; e < S::kVec; ++e) a[e] = fmaf(w, v[e], a[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < S::kVec; ++e) a[e] /= total;
+#pragma unroll
+  for (int p = 0; p < S::kPieces; ++p)
+    store_piece<S::kPiece>(out + th * HD + S::piece_offset(p, lane), a + p * S::kPiece);
+}
+
+template <int HD, int R>
+void launch_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout, int64_t T,
+                   int64_t heads, int64_t kv_heads, float scale, int splits, float* partial, float* out,
+                   cudaStream_t stream) {
+  constexpr size_t bytes = decode_shared_floats<HD, R>() * sizeof(float);
+  auto kernel = attention_decode_kernel<HD, R>;
+  if constexpr (bytes > 48 * 1024)
+    QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  const dim3 grid(static_cast<unsigned>(layout.num_tiles), static_cast<unsigned>(kv_heads),
+                  static_cast<unsigned>(splits));
+  const float scale_log2 = scale * 1.44269504f;  // log2(e)
+  kernel<<<grid, kDecodeThreads, bytes, stream>>>(q, pool_k, pool_v, layout, static_cast<int>(heads),
+                                                  static_cast<int>(kv_heads), scale_log2, splits, T, partial, out);
+  QINFER_CUDA_CHECK_LAUNCH("attention_decode_kernel<<<>>>");
+  if (splits > 1) {
+    const int64_t slice = T * heads;
+    const auto blocks = static_cast<unsigned>((slice + kDecodeWarps - 1) / kDecodeWarps);
+    decode_combine_kernel<HD><<<blocks, kDecodeThreads, 0, stream>>>(partial, splits, slice, out);
+    QINFER_CUDA_CHECK_LAUNCH("decode_combine_kernel<<<>>>");
+  }
+}
+
+template <int HD>
+void launch_decode_rows(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                        int64_t T, int64_t heads, int64_t kv_heads, int64_t tile_rows, float scale, int splits,
+                        float* partial, float* out, cudaStream_t stream) {
+  static_assert(DecodeShape<HD>::kMaxRows == 4 || DecodeShape<HD>::kMaxRows == 8);
+  switch (tile_rows) {
+    case 1: return launch_decode<HD, 1>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
+    case 2: return launch_decode<HD, 2>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
+    case 4: return launch_decode<HD, 4>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
+    case 8:
+      if constexpr (DecodeShape<HD>::kMaxRows == 8)
+        return launch_decode<HD, 8>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
+      [[fallthrough]];
+    default:
+      throw_error("attention_decode: " + std::to_string(tile_rows) + " rows per tile at head_dim " +
+                  std::to_string(HD) + " (see attention_decode_tile_rows)");
+  }
+}
+
 }  // namespace
 
 void launch_kv_store(const float* k, const float* v, const int32_t* dst_rows, int64_t T, int64_t row_floats,
@@ -231,6 +605,44 @@ void launch_attention(const float* q, const float* pool_k, const float* pool_v, 
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(T * heads, 65535));
     combine_kernel<<<blocks, kThreads, 0, stream>>>(partial, splits, T, heads, static_cast<int>(head_dim), out);
     QINFER_CUDA_CHECK_LAUNCH("combine_kernel<<<>>>");
+  }
+}
+
+int64_t attention_decode_tile_rows(int64_t head_dim, int64_t max_rows) {
+  int64_t limit = 0;
+  switch (head_dim) {
+    case 64: limit = DecodeShape<64>::kMaxRows; break;
+    case 128: limit = DecodeShape<128>::kMaxRows; break;
+    case 256: limit = DecodeShape<256>::kMaxRows; break;
+    default: return 0;
+  }
+  int64_t rows = 1;
+  while (rows < max_rows && rows < limit) rows *= 2;
+  return rows;
+}
+
+int attention_decode_splits(int64_t blocks, int64_t max_keys, int sm_count) {
+  // Two blocks per SM keep enough loads in flight; each split keeps a chunk of keys per warp.
+  const int64_t for_blocks = (2 * int64_t{sm_count} + blocks - 1) / blocks;
+  const int64_t for_keys = max_keys / kDecodeMinSplitKeys;
+  return static_cast<int>(std::clamp<int64_t>(std::min(for_blocks, for_keys), 1, kAttentionDecodeMaxSplits));
+}
+
+void launch_attention_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                             int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tile_rows,
+                             float scale, int splits, float* partial, float* out, cudaStream_t stream) {
+  if (T == 0 || layout.num_tiles == 0 || heads == 0) return;
+  switch (head_dim) {
+    case 64:
+      return launch_decode_rows<64>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
+                                    out, stream);
+    case 128:
+      return launch_decode_rows<128>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
+                                     out, stream);
+    case 256:
+      return launch_decode_rows<256>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
+                                     out, stream);
+    default: throw_error("attention_decode: head_dim " + std::to_string(head_dim) + " has no decode kernel");
   }
 }
 

@@ -11,7 +11,8 @@
 // MMA, and P goes from the accumulator layout straight into the A operand (no shuffles) by reading
 // the key dimension of P·V in a permuted order that V's B fragments follow.
 // bf16: Q, K and V are rounded to bf16 (RNE) as they are staged into shared memory, from where
-// ldmatrix feeds the MMAs; P is rounded to bf16 for P·V.
+// ldmatrix feeds the MMAs; P is rounded to bf16 for P·V. Its tiles are 128 query rows for every
+// head_dim (8 warps), so at head_dim 256 they differ from the TF32 kernel's 64.
 #include <cuda_bf16.h>
 
 #include <limits>
@@ -291,46 +292,44 @@ __global__ void __launch_bounds__(MmaShape<HD>::kThreads, 1)
   }
 }
 
-// bf16 mode. Per head_dim: warps (16 query rows each, the TF32 kernel's tiles), keys per tile, and
-// where Q and the next K / V tile wait: registers for head_dim ≤ 128; shared memory for 256, whose
-// 128 output registers per thread leave no room (the tile goes through a cp.async f32 staging area).
+// bf16 mode: 8 warps of 16 query rows for every head_dim (128-row tiles). Per head_dim: keys per tile,
+// and whether a warp's Q fragments live in registers (head_dim ≤ 128) or are re-read from shared
+// memory (256, whose 128 output registers per thread leave no room).
 template <int HD>
 struct Bf16Config;
 template <>
 struct Bf16Config<64> {
-  static constexpr int kWarps = 8, kKeys = 64;
-  static constexpr bool kQInRegs = true, kStageInRegs = true;
+  static constexpr int kKeys = 64;
+  static constexpr bool kQInRegs = true;
 };
 template <>
 struct Bf16Config<128> {
-  static constexpr int kWarps = 8, kKeys = 64;
-  static constexpr bool kQInRegs = true, kStageInRegs = true;
+  static constexpr int kKeys = 64;
+  static constexpr bool kQInRegs = true;
 };
 template <>
 struct Bf16Config<256> {
-  static constexpr int kWarps = 4, kKeys = 32;
-  static constexpr bool kQInRegs = false, kStageInRegs = false;
+  static constexpr int kKeys = 32;
+  static constexpr bool kQInRegs = false;
 };
 
 template <int HD>
 struct Bf16Shape {
-  static constexpr int kWarps = Bf16Config<HD>::kWarps, kKeys = Bf16Config<HD>::kKeys;
-  static constexpr bool kQInRegs = Bf16Config<HD>::kQInRegs, kStageInRegs = Bf16Config<HD>::kStageInRegs;
+  static constexpr int kWarps = 8, kKeys = Bf16Config<HD>::kKeys;
+  static constexpr bool kQInRegs = Bf16Config<HD>::kQInRegs;
   static constexpr int kThreads = kWarps * kWarp, kRows = kWarps * 16;
-  static_assert(kRows == MmaShape<HD>::kRows, "both precisions run on the query tiles the caller cut");
   // Pitch in bf16: rows 16 bytes apart mod 128 put the 8 row addresses of an ldmatrix in distinct
   // bank groups; the 8-byte stores of a warp (one or two whole rows) stay conflict-free too.
   static constexpr int kPitch = HD + 8;
-  static constexpr int kTileElems = kKeys * kPitch;  // one K or V tile
+  static constexpr int kTileElems = kKeys * kPitch;  // one bf16 K or V tile
   static constexpr int kQElems = kQInRegs ? 0 : kRows * kPitch;
-  static constexpr int kStageFloats = kStageInRegs ? 0 : kKeys * HD;
+  static constexpr int kStageFloats = 2 * kKeys * HD;  // one f32 K and V tile, as cp.async lands it
   static constexpr size_t kSharedBytes = sizeof(float) * kStageFloats + sizeof(__nv_bfloat16) * (4 * kTileElems + kQElems);
-  static_assert(kSharedBytes <= MmaShape<HD>::kSharedBytes, "the caller checks the TF32 kernel's (larger) need");
   static constexpr int kChunksPerRow = HD / 4;  // float4 chunks of one key row
   static_assert(kThreads % kChunksPerRow == 0, "each thread stages a fixed column of key rows");
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static_assert(kKeys % kRowsPerPass == 0, "a key tile is whole staging passes");
-  static constexpr int kChunks = kKeys / kRowsPerPass;  // per thread and tile
+  static constexpr int kChunks = kKeys / kRowsPerPass;  // per thread, tile and tensor
 };
 
 // Two floats to bf16 (RNE), packed as an MMA operand register: lo in bits 0-15.
@@ -374,7 +373,7 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
   using S = Bf16Shape<HD>;
   constexpr int kKeys = S::kKeys, kNT = kKeys / 8, kKS = HD / 16, kHT = HD / 8, kP = S::kPitch;
   extern __shared__ float4 smem4[];
-  float* staging = reinterpret_cast<float*>(smem4);                                  // [kKeys][HD] f32
+  float* staging = reinterpret_cast<float*>(smem4);                                  // [2][kKeys][HD] f32: K, V
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(staging + S::kStageFloats);  // [2][kKeys][kP]
   __nv_bfloat16* Vb = Kb + 2 * S::kTileElems;                                        // [2][kKeys][kP]
   __nv_bfloat16* Qs = Vb + 2 * S::kTileElems;                                        // [kRows][kP]
@@ -414,46 +413,46 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
   const int warp_keys = cached + (r0 + warp_last) / group + 1;  // past its last row's limit: skip
   const int warp_unmasked = cached + (r0 + wr) / group + 1;     // keys below every row's limit
 
-  // Staging of a K or V tile: this thread's float4 chunks are rows chunk_row + i·kRowsPerPass at
-  // column chunk_col. stage_begin starts reading keys kt.. from the pool (zeros past the block's
-  // keys); stage_end rounds them into a bf16 tile. With cp.async each thread reads back only what it
-  // wrote, so neither needs a barrier.
+  // While tile t is computed, tile t + 1 lands by cp.async in the f32 staging area and is then rounded
+  // into the bf16 buffer tile t - 1 freed; the block-table reads for tile t + 2 are in flight. This
+  // thread's float4 chunks are key rows chunk_row + i·kRowsPerPass at column chunk_col, of K and V
+  // alike, and it rounds only what it copied itself, so staging needs no barrier of its own.
   const int chunk_row = tid / S::kChunksPerRow, chunk_col = (tid % S::kChunksPerRow) * 4;
-  auto pool_offset = [&](int p) {
-    const int page = block_shift >= 0 ? p >> block_shift : p / bs;
-    const int slot = p - page * bs;
-    return ((static_cast<int64_t>(blocks[page]) * bs + slot) * kv_heads + kvh) * HD + chunk_col;
-  };
-  float4 staged[S::kStageInRegs ? S::kChunks : 1];
-  auto stage_begin = [&](const float* pool, int kt) {
+  int pool_row[S::kChunks];  // of the next tile to stage; -1 past the block's keys (zero-filled)
+  auto find_rows = [&](int kt) {
 #pragma unroll
     for (int i = 0; i < S::kChunks; ++i) {
-      const int j = chunk_row + i * S::kRowsPerPass, p = kt + j;
-      if constexpr (S::kStageInRegs) {
-        staged[i] = p < block_keys ? __ldg(reinterpret_cast<const float4*>(pool + pool_offset(p))) : float4{0, 0, 0, 0};
-      } else {
-        const bool live = p < block_keys;
-        cp_async16(staging + j * HD + chunk_col, live ? pool + pool_offset(p) : pool, live ? 16 : 0);
-      }
+      const int p = kt + chunk_row + i * S::kRowsPerPass;
+      const int page = block_shift >= 0 ? p >> block_shift : p / bs;
+      pool_row[i] = p < block_keys ? __ldg(blocks + page) * bs + (p - page * bs) : -1;
     }
-    if constexpr (!S::kStageInRegs) cp_async_commit();
   };
-  auto stage_end = [&](__nv_bfloat16* dst) {
-    if constexpr (!S::kStageInRegs) cp_async_wait_all();
+  auto stage_begin = [&] {
 #pragma unroll
     for (int i = 0; i < S::kChunks; ++i) {
       const int j = chunk_row + i * S::kRowsPerPass;
-      float4 v;
-      if constexpr (S::kStageInRegs) {
-        v = staged[i];
-      } else {
-        v = *reinterpret_cast<const float4*>(staging + j * HD + chunk_col);
-      }
-      *reinterpret_cast<uint2*>(dst + j * kP + chunk_col) = uint2{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
+      const bool live = pool_row[i] >= 0;
+      const int64_t src = live ? (static_cast<int64_t>(pool_row[i]) * kv_heads + kvh) * HD + chunk_col : 0;
+      cp_async16(staging + j * HD + chunk_col, pool_k + src, live ? 16 : 0);
+      cp_async16(staging + (kKeys + j) * HD + chunk_col, pool_v + src, live ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  auto stage_end = [&](int buffer) {
+    cp_async_wait_all();
+#pragma unroll
+    for (int i = 0; i < S::kChunks; ++i) {
+      const int j = chunk_row + i * S::kRowsPerPass;
+      const float4 k = *reinterpret_cast<const float4*>(staging + j * HD + chunk_col);
+      const float4 v = *reinterpret_cast<const float4*>(staging + (kKeys + j) * HD + chunk_col);
+      const int dst = buffer * S::kTileElems + j * kP + chunk_col;
+      *reinterpret_cast<uint2*>(Kb + dst) = uint2{pack_bf16(k.x, k.y), pack_bf16(k.z, k.w)};
+      *reinterpret_cast<uint2*>(Vb + dst) = uint2{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
     }
   };
 
-  stage_begin(pool_k, 0);
+  find_rows(0);
+  stage_begin();
   // Q, scaled and rounded once: in registers as this lane's A fragments, or in shared memory.
   uint32_t qa[S::kQInRegs ? kKS : 1][4];
   if constexpr (S::kQInRegs) {
@@ -478,10 +477,9 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
           uint2{pack_bf16(v.x * q_scale, v.y * q_scale), pack_bf16(v.z * q_scale, v.w * q_scale)};
     }
   }
-  stage_end(Kb);
-  stage_begin(pool_v, 0);
-  stage_end(Vb);
-  __syncthreads();
+  stage_end(0);
+  if (key_tiles > 1) find_rows(kKeys);
+  __syncthreads();  // tile 0 (and Q in shared memory) visible to every warp
 
   float o[kHT][4];
 #pragma unroll
@@ -491,17 +489,17 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
 
   for (int t = 0; t < key_tiles; ++t) {
     const int kt = t * kKeys;
-    const bool prefetch = t + 1 < key_tiles;
-    const __nv_bfloat16* Ks = Kb + (t & 1) * S::kTileElems;
-    const __nv_bfloat16* Vs = Vb + (t & 1) * S::kTileElems;
-    const bool compute = warp_active && kt < warp_keys;
-    if (prefetch) stage_begin(pool_k, kt + kKeys);
+    if (t + 1 < key_tiles) stage_begin();  // every thread read its staged tile t before the barrier
+    if (t + 2 < key_tiles) find_rows(kt + 2 * kKeys);
 
-    // S = Q·Kᵀ: K's rows are keys, so plain ldmatrix gives B fragments of key blocks 2jj and 2jj + 1.
-    float sc[kNT][4];
+    if (warp_active && kt < warp_keys) {
+      const __nv_bfloat16* Ks = Kb + (t & 1) * S::kTileElems;
+      const __nv_bfloat16* Vs = Vb + (t & 1) * S::kTileElems;
+
+      // S = Q·Kᵀ: K's rows are keys, so plain ldmatrix gives B fragments of key blocks 2jj and 2jj + 1.
+      float sc[kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-    if (compute) {
+      for (int j = 0; j < kNT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < kKS; ++ks) {
         uint32_t a[4];
@@ -519,16 +517,11 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
           mma_bf16(sc[2 * jj + 1], a, b[2], b[3]);
         }
       }
-    }
-    if (prefetch) {
-      stage_end(Kb + ((t + 1) & 1) * S::kTileElems);  // its tile was last read before the barrier
-      stage_begin(pool_v, kt + kKeys);
-    }
 
-    if (compute) {
       // Online softmax (log2 units) of rows g (h = 0: sc[.][0..1]) and g + 8 (h = 1: sc[.][2..3]);
       // a row's keys sit in the 4 lanes of its quad.
       const bool masked = kt + kKeys > warp_unmasked;
+      float rescale[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float tile_max = -INFINITY;
@@ -544,7 +537,7 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFFu, tile_max, 2));
         const float new_max = fmaxf(row_max[h], tile_max);
         const float base = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: keep the state
-        const float rescale = exp2f(row_max[h] - base);
+        rescale[h] = exp2f(row_max[h] - base);
         row_max[h] = new_max;
         float sum = 0.0f;
 #pragma unroll
@@ -555,9 +548,15 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
             v = exp2f(v - base);
             sum += v;
           }
-        row_sum[h] = row_sum[h] * rescale + sum;
+        row_sum[h] = row_sum[h] * rescale[h] + sum;
+      }
+      // Once the running maxima settle (most tiles of a long row) every factor is 1: skip the pass.
+      if (__any_sync(0xFFFFFFFFu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
 #pragma unroll
-        for (int n = 0; n < kHT; ++n) o[n][2 * h] *= rescale, o[n][2 * h + 1] *= rescale;
+        for (int n = 0; n < kHT; ++n) {
+          o[n][0] *= rescale[0], o[n][1] *= rescale[0];
+          o[n][2] *= rescale[1], o[n][3] *= rescale[1];
+        }
       }
 
       // O += P·V, one k16 step per 16 keys: the accumulators of key blocks 2kk, 2kk + 1 are the A
@@ -576,7 +575,7 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
         }
       }
     }
-    if (prefetch) stage_end(Vb + ((t + 1) & 1) * S::kTileElems);
+    if (t + 1 < key_tiles) stage_end((t + 1) & 1);  // last read by tile t - 1, before the previous barrier
     __syncthreads();  // tile t + 1 complete, and every warp done with tile t before t + 2 replaces it
   }
 
@@ -624,20 +623,20 @@ void launch_precision(const float* q, const float* pool_k, const float* pool_v, 
 
 }  // namespace
 
-int64_t attention_mma_tile_rows(int64_t head_dim) {
+int64_t attention_mma_tile_rows(int64_t head_dim, bool bf16) {
   switch (head_dim) {
-    case 64: return MmaShape<64>::kRows;
-    case 128: return MmaShape<128>::kRows;
-    case 256: return MmaShape<256>::kRows;
+    case 64: return bf16 ? Bf16Shape<64>::kRows : MmaShape<64>::kRows;
+    case 128: return bf16 ? Bf16Shape<128>::kRows : MmaShape<128>::kRows;
+    case 256: return bf16 ? Bf16Shape<256>::kRows : MmaShape<256>::kRows;
     default: return 0;
   }
 }
 
-size_t attention_mma_shared_bytes(int64_t head_dim) {
+size_t attention_mma_shared_bytes(int64_t head_dim, bool bf16) {
   switch (head_dim) {
-    case 64: return MmaShape<64>::kSharedBytes;
-    case 128: return MmaShape<128>::kSharedBytes;
-    case 256: return MmaShape<256>::kSharedBytes;
+    case 64: return bf16 ? Bf16Shape<64>::kSharedBytes : MmaShape<64>::kSharedBytes;
+    case 128: return bf16 ? Bf16Shape<128>::kSharedBytes : MmaShape<128>::kSharedBytes;
+    case 256: return bf16 ? Bf16Shape<256>::kSharedBytes : MmaShape<256>::kSharedBytes;
     default: return 0;
   }
 }

@@ -421,6 +421,33 @@ class CudaOps final : public Ops {
     launch_embedding(ids.ptr<int32_t>(), T, w, out.ptr<float>(), status_, stream());
   }
 
+  void linear_many(const Tensor& x, const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys) override {
+    QINFER_CHECK(ws.size() == ys.size() && !ws.empty() && ws.size() <= static_cast<size_t>(kMaxGemvMatrices),
+                 "cuda linear_many: {} matrices and {} outputs (expected 1 to {} of each, as many outputs as matrices)",
+                 ws.size(), ys.size(), kMaxGemvMatrices);
+    check_f32("linear_many", "x", x, 2);
+    const int64_t T = x.dim(0), in = x.dim(1);
+    if (T > kGemvMaxTokens || in == 0) {  // GEMMs: nothing to share between the matrices
+      for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
+      return;
+    }
+    GemvBatch batch;
+    batch.count = static_cast<int>(ws.size());
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const WeightView w = view("linear_many", "w", *ws[i], 2);
+      QINFER_CHECK(w.in == in, "cuda linear_many: w[{}] {} does not take inputs of width {}", i,
+                   shape_str(ws[i]->shape()), in);
+      check_f32("linear_many", "y", *ys[i], 2);
+      check_shape("linear_many", "y", *ys[i], {T, w.rows});
+      check_distinct("linear_many", "y", *ys[i], "x", x);
+      batch.w[i] = w;
+      batch.y[i] = ys[i]->ptr<float>();
+    }
+    enter();
+    if (replaying() || T == 0) return;
+    launch_gemv_batch(x.ptr<float>(), T, batch, stream());
+  }
+
   void linear(const Tensor& x, const Weight& weight, Tensor& y) override {
     check_f32("linear", "x", x, 2);
     const int64_t T = x.dim(0), in = x.dim(1);
@@ -569,15 +596,31 @@ class CudaOps final : public Ops {
       max_keys = std::max<int64_t>(max_keys, layout.cached[s] + cu[s + 1] - cu[s]);
     }
     // Prefill: the tensor-core kernel, in its own tiles (it reads q and the pool as float4s).
-    const int64_t mma_rows = attention_mma_tile_rows(head_dim);
+    const bool bf16 = precision_ == Precision::fast;
+    const int64_t mma_rows = attention_mma_tile_rows(head_dim, bf16);
     const auto address = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data); };
     const bool aligned = (address(q) | address(out) | address(pool.k) | address(pool.v)) % 16 == 0;
     if (mma_rows > 0 && max_len * group >= kAttentionMmaMinRows && aligned &&
-        attention_mma_shared_bytes(head_dim) <= max_shared_) {
+        attention_mma_shared_bytes(head_dim, bf16) <= max_shared_) {
       const AttentionArrays arrays = upload_attention(layout, group, mma_rows);
       if (replaying()) return;
       launch_attention_mma(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, heads, kv_heads,
-                           head_dim, scale, precision_ == Precision::fast, out.ptr<float>(), stream());
+                           head_dim, scale, bf16, out.ptr<float>(), stream());
+      return;
+    }
+    // Decode and verification: the flash-decoding kernel. A recorded step plans its key splits for
+    // the block table's capacity (splits past a sequence's keys find none).
+    const int64_t decode_rows =
+        max_len <= kAttentionDecodeMaxTokens && aligned ? attention_decode_tile_rows(head_dim, max_len * group) : 0;
+    if (decode_rows > 0) {
+      const AttentionArrays arrays = upload_attention(layout, group, decode_rows);
+      if (replaying()) return;
+      if (mode_ == Mode::capturing) max_keys = int64_t{layout.max_blocks} * layout.block_size;
+      int splits = attention_decode_splits(arrays.num_tiles * kv_heads, max_keys, sm_count_);
+      while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
+      Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
+      launch_attention_decode(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, T, heads, kv_heads,
+                              head_dim, decode_rows, scale, splits, partial.as<float>(), out.ptr<float>(), stream());
       return;
     }
     const AttentionArrays arrays = upload_attention(layout, group, kAttentionTileRows);

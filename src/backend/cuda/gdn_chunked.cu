@@ -4,8 +4,9 @@
 //   δ = U − W S0ᵀ,   o_t = e^{G_t} S0 q_t + Σ_{u≤t} P[t,u] δ_u,   P[t,u] = e^{G_t−G_u} (q_t·k_u),
 //   S_n = e^{G_{n−1}} S0 + Σ_u e^{G_{n−1}−G_u} δ_u k_uᵀ.
 // chunk_prep_kernel computes every (chunk, value head)'s W, U, P and decays at once; chunk_scan_kernel
-// then walks the chunks in order per (sequence, value head, 32 state rows), each warp holding its 16
-// state rows in registers (state rows evolve independently given W, K, Q, P). Products run as 3xTF32
+// then walks the chunks in order per (sequence, value head, 32 state rows), eight warps each holding a
+// 16-row × Dk/4 slice of the state in registers (state rows evolve independently given W, K, Q, P; key
+// slices meet in shared memory for W S0ᵀ and Q S0ᵀ). Products run as 3xTF32
 // (hi·hi + hi·lo + lo·hi, f32 accumulation), as accurate as f32; the triangular solve is f32 FMAs.
 #include "backend/cuda/common.cuh"
 
@@ -15,10 +16,13 @@ namespace {
 constexpr int kC = static_cast<int>(kDeltaChunk);
 static_assert(kC == 64, "the kernels tile a chunk as 4 × 16 rows and 8 × 8 columns");
 constexpr int kPrepThreads = 256;
-constexpr int kScanWarps = 2;
+constexpr int kTokenTiles = kC / 8;
+constexpr int kScanRowGroups = 2;  // 16 state rows each
+constexpr int kScanKSplit = 4;     // key-column slices per row group
+constexpr int kScanWarps = kScanRowGroups * kScanKSplit;
 constexpr int kScanThreads = kScanWarps * kWarp;
 constexpr int kRowsPerWarp = 16;
-constexpr int kDvTile = kScanWarps * kRowsPerWarp;
+constexpr int kDvTile = kScanRowGroups * kRowsPerWarp;
 
 // Key head dims are zero-padded to one of the compiled widths.
 int padded_dk(int64_t Dk) { return Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128; }
@@ -47,11 +51,31 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// d += a·b in 3xTF32, the small terms first.
+// The three products of 3xTF32: the small terms (lo·hi, hi·lo) first, then hi·hi.
+enum class Pass { lo_hi, hi_lo, hi_hi };
+template <Pass kPass>
+__device__ __forceinline__ void mma_pass(float (&d)[4], const Split (&a)[4], Split b0, Split b1) {
+  if constexpr (kPass == Pass::lo_hi)
+    mma_tf32(d, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b0.hi, b1.hi);
+  else if constexpr (kPass == Pass::hi_lo)
+    mma_tf32(d, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b0.lo, b1.lo);
+  else
+    mma_tf32(d, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b0.hi, b1.hi);
+}
+
+// d += a·b in 3xTF32.
 __device__ __forceinline__ void mma3(float (&d)[4], const Split (&a)[4], Split b0, Split b1) {
-  mma_tf32(d, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b0.hi, b1.hi);
-  mma_tf32(d, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b0.lo, b1.lo);
-  mma_tf32(d, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b0.hi, b1.hi);
+  mma_pass<Pass::lo_hi>(d, a, b0, b1);
+  mma_pass<Pass::hi_lo>(d, a, b0, b1);
+  mma_pass<Pass::hi_hi>(d, a, b0, b1);
+}
+
+// One pass over a row of tiles d[i] += a·b[i]: MMAs issue in order, so the scan lines up independent
+// ones back to back instead of waiting out each one's latency on its accumulator.
+template <Pass kPass, int kN>
+__device__ __forceinline__ void mma_row(float (&d)[kN][4], const Split (&a)[4], const Split (&b)[kN][2]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) mma_pass<kPass>(d[i], a, b[i][0], b[i][1]);
 }
 
 // Global → shared copies; a dead one fills zeros without reading.
@@ -244,8 +268,12 @@ struct ScanShared {
   static constexpr int kKPitch = kDk + 4;   // ≡ 4 (mod 32): reads (row 2t or 2t+1, column g) conflict-free
   static constexpr int kPPitch = kC + 8;
   static constexpr int kUPitch = kDvTile + 4;
-  static constexpr size_t kBytes =
-      sizeof(float) * (2 * kC * kWPitch + kC * kKPitch + kC * kPPitch + kC * kUPitch + 2 * kC);
+  // Accumulator tiles kept as one float4 per lane: the partial W S0ᵀ and Q S0ᵀ of every (key slice,
+  // row group, token tile), and δ of every (row group, token tile).
+  static constexpr int kPartialTiles = kScanKSplit * kScanRowGroups * 2 * kTokenTiles;
+  static constexpr int kDeltaTiles = kScanRowGroups * kTokenTiles;
+  static constexpr size_t kBytes = sizeof(float4) * kWarp * (kPartialTiles + kDeltaTiles) +
+                                   sizeof(float) * (2 * kC * kWPitch + kC * kKPitch + kC * kPPitch + kC * kUPitch + 2 * kC);
 };
 
 // Rows [0, n) × columns [0, cols) of a [kC, kCols] tile from global rows src + r·ld into shared rows of
@@ -270,40 +298,61 @@ __device__ __forceinline__ void load_tile(float* dst, int pitch, const float* sr
   }
 }
 
-// One block per (sequence, value head, kDvTile state rows); warp w owns rows 16w..16w+15 of the tile.
-// Accumulator layouts double as operand layouts: within each 8-wide k step, MMA k slot t stands for
-// column 2t and slot t+4 for column 2t+1, so a state or δ tile (c0..c3) is an A fragment (c0, c2,
-// c1, c3) as it is, and B fragments read the matching columns. Copies for the next chunk overlap
-// compute: W and Q load during steps 2-4, K, P, U and the decays during the next step 1.
+__device__ __forceinline__ void add4(float (&acc)[4], float4 x) {
+  acc[0] += x.x;
+  acc[1] += x.y;
+  acc[2] += x.z;
+  acc[3] += x.w;
+}
+
+// One block per (sequence, value head, kDvTile state rows); warp w owns rows 16 (w % 2) .. +15 of the
+// tile and key columns [kDk/4 · (w / 2), +kDk/4): eight warps per block keep all four schedulers of an
+// SM busy on the sequential pass. W S0ᵀ and Q S0ᵀ are summed over the four key slices in shared
+// memory; each warp then owns two token tiles of δ and o (one early, one late: the same share of the
+// triangular P for every warp). Accumulator layouts double as operand layouts: within each 8-wide k
+// step, MMA k slot t stands for column 2t and slot t+4 for column 2t+1, so a state or δ tile (c0..c3)
+// is an A fragment (c0, c2, c1, c3) as it is, and B fragments read the matching columns. Copies for the
+// next chunk overlap compute: W and Q load during steps 2-4, K, P, U and the decays during step 1.
 template <int kDk>
 __global__ void __launch_bounds__(kScanThreads, 1)
     chunk_scan_kernel(const float* __restrict__ q, const float* __restrict__ k, SeqArrays L,
                       const int32_t* __restrict__ seqs, int64_t Hk, int64_t Hv, int Dk, int Dv, bool vec, Work work,
                       float* __restrict__ state, float* __restrict__ out) {
   using Sh = ScanShared<kDk>;
-  constexpr int kSteps = kDk / 8;  // 8-column tiles of a state row
+  constexpr int kSlice = kDk / kScanKSplit;  // key columns per warp
+  constexpr int kSteps = kSlice / 8;         // 8-column tiles of the warp's state rows
+  static_assert(kSteps >= 1 && 2 * kScanKSplit == kTokenTiles, "each warp owns two token tiles");
   extern __shared__ float4 scan_smem[];
-  float* Ws = reinterpret_cast<float*>(scan_smem);  // [kC, kWPitch]
-  float* Qs = Ws + kC * Sh::kWPitch;                // [kC, kWPitch]
-  float* Ks = Qs + kC * Sh::kWPitch;                // [kC, kKPitch]
-  float* Ps = Ks + kC * Sh::kKPitch;                // [kC, kPPitch]
-  float* Us = Ps + kC * Sh::kPPitch;                // [kC, kUPitch]: U of the tile's rows
-  float2* Ds = reinterpret_cast<float2*>(Us + kC * Sh::kUPitch);  // [kC] decays
+  float4* partial = scan_smem;                                      // [kPartialTiles][kWarp]
+  float4* delta_s = partial + Sh::kPartialTiles * kWarp;            // [kDeltaTiles][kWarp]
+  float* Ws = reinterpret_cast<float*>(delta_s + Sh::kDeltaTiles * kWarp);  // [kC, kWPitch]
+  float* Qs = Ws + kC * Sh::kWPitch;                                // [kC, kWPitch]
+  float* Ks = Qs + kC * Sh::kWPitch;                                // [kC, kKPitch]
+  float* Ps = Ks + kC * Sh::kKPitch;                                // [kC, kPPitch]
+  float* Us = Ps + kC * Sh::kPPitch;                                // [kC, kUPitch]: U of the tile's rows
+  float2* Ds = reinterpret_cast<float2*>(Us + kC * Sh::kUPitch);    // [kC] decays
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, gq = lane / 4, tq = lane % 4;
+  const int rg = warp % kScanRowGroups, kq = warp / kScanRowGroups;
+  const int r0 = rg * kRowsPerWarp, k0 = kq * kSlice;
+  const int own_tiles[2] = {kq, kTokenTiles - 1 - kq};
+  const auto partial_at = [&](int slice, int which, int nt) {
+    return partial + (((slice * kScanRowGroups + rg) * 2 + which) * kTokenTiles + nt) * kWarp + lane;
+  };
+  const auto delta_at = [&](int nt) { return delta_s + (rg * kTokenTiles + nt) * kWarp + lane; };
+
   const int s = seqs[blockIdx.x];
   const int64_t h = blockIdx.y, kh = h / (Hv / Hk);
   const int i0 = blockIdx.z * kDvTile, dvt = min(kDvTile, Dv - i0);
-  const int r0 = warp * kRowsPerWarp;
   float* Sg = state + (static_cast<int64_t>(L.state_slot[s]) * Hv + h) * Dv * Dk;
 
-  // S[j][e]: row i0 + r0 + gq (+8 for e ≥ 2), column 8j + 2tq + e % 2; zero past Dv and Dk.
+  // S[j][e]: row i0 + r0 + gq (+8 for e ≥ 2), column k0 + 8j + 2tq + e % 2; zero past Dv and Dk.
   float S[kSteps][4];
 #pragma unroll
   for (int j = 0; j < kSteps; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = i0 + r0 + gq + (e / 2) * 8, col = 8 * j + 2 * tq + e % 2;
+      const int row = i0 + r0 + gq + (e / 2) * 8, col = k0 + 8 * j + 2 * tq + e % 2;
       S[j][e] = row < Dv && col < Dk ? Sg[static_cast<int64_t>(row) * Dk + col] : 0.0f;
     }
 
@@ -335,70 +384,134 @@ __global__ void __launch_bounds__(kScanThreads, 1)
     cp_async_wait<1>();  // this chunk's W and Q
     __syncthreads();
 
-    // 1. (W S0ᵀ)ᵀ and (Q S0ᵀ)ᵀ for the warp's rows: [16 rows, 64 tokens] each.
-    float wd[8][4] = {}, o[8][4] = {};
+    // 1. The warp's key slice of (W S0ᵀ)ᵀ and (Q S0ᵀ)ᵀ: [16 rows, 64 tokens] each, to shared memory.
+    {
+      float wd[kTokenTiles][4] = {}, o[kTokenTiles][4] = {};
 #pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-      const Split a[4] = {split(S[ks][0]), split(S[ks][2]), split(S[ks][1]), split(S[ks][3])};
+      for (int ks = 0; ks < kSteps; ++ks) {
+        const Split a[4] = {split(S[ks][0]), split(S[ks][2]), split(S[ks][1]), split(S[ks][3])};
+        Split bw[kTokenTiles][2], bq[kTokenTiles][2];
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int at = (nt * 8 + gq) * Sh::kWPitch + ks * 8 + 2 * tq;
-        const float2 w2 = *reinterpret_cast<const float2*>(Ws + at);
-        mma3(wd[nt], a, split(w2.x), split(w2.y));
-        const float2 q2 = *reinterpret_cast<const float2*>(Qs + at);
-        mma3(o[nt], a, split(q2.x), split(q2.y));
+        for (int nt = 0; nt < kTokenTiles; ++nt) {
+          const int at = (nt * 8 + gq) * Sh::kWPitch + k0 + ks * 8 + 2 * tq;
+          const float2 w2 = *reinterpret_cast<const float2*>(Ws + at);
+          const float2 q2 = *reinterpret_cast<const float2*>(Qs + at);
+          bw[nt][0] = split(w2.x);
+          bw[nt][1] = split(w2.y);
+          bq[nt][0] = split(q2.x);
+          bq[nt][1] = split(q2.y);
+        }
+        mma_row<Pass::lo_hi>(wd, a, bw);
+        mma_row<Pass::lo_hi>(o, a, bq);
+        mma_row<Pass::hi_lo>(wd, a, bw);
+        mma_row<Pass::hi_lo>(o, a, bq);
+        mma_row<Pass::hi_hi>(wd, a, bw);
+        mma_row<Pass::hi_hi>(o, a, bq);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kTokenTiles; ++nt) {
+        *partial_at(kq, 0, nt) = make_float4(wd[nt][0], wd[nt][1], wd[nt][2], wd[nt][3]);
+        *partial_at(kq, 1, nt) = make_float4(o[nt][0], o[nt][1], o[nt][2], o[nt][3]);
       }
     }
     cp_async_wait<0>();  // K, P, U and the decays
-    __syncthreads();     // and every warp is done with W and Q
+    __syncthreads();     // and every warp is done with W and Q, its partial sums stored
     if (c0 + kC < len) load_wq(c0 + kC);
     cp_async_commit();
 
-    // 2. δ = U − W S0ᵀ (zero for tokens past n); the state's part of o decays by e^{G_t}.
-    float delta[8][4];
+    // 2. For the warp's two token tiles: δ = U − W S0ᵀ (zero for tokens past n), shared with the row
+    // group; the state's part of o decays by e^{G_t}.
+    float od[2][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int m = 0; m < 2; ++m) {
+      const int nt = own_tiles[m];
+      float wsum[4] = {}, osum[4] = {};
+#pragma unroll
+      for (int slice = 0; slice < kScanKSplit; ++slice) {
+        add4(wsum, *partial_at(slice, 0, nt));
+        add4(osum, *partial_at(slice, 1, nt));
+      }
+      float d[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int u = nt * 8 + 2 * tq + e % 2, row = r0 + gq + (e / 2) * 8;
-        delta[nt][e] = u < n ? Us[u * Sh::kUPitch + row] - wd[nt][e] : 0.0f;
-        o[nt][e] *= Ds[u].x;
+        d[e] = u < n ? Us[u * Sh::kUPitch + row] - wsum[e] : 0.0f;
+        od[m][e] = osum[e] * Ds[u].x;
       }
+      *delta_at(nt) = make_float4(d[0], d[1], d[2], d[3]);
+    }
+    __syncthreads();  // the row group's δ complete
+    float delta[kTokenTiles][4];
+#pragma unroll
+    for (int ks = 0; ks < kTokenTiles; ++ks) {
+      const float4 d4 = *delta_at(ks);
+      delta[ks][0] = d4.x;
+      delta[ks][1] = d4.y;
+      delta[ks][2] = d4.z;
+      delta[ks][3] = d4.w;
+    }
 
-    // 3. o += δ Pᵀ, then out (where U was).
+    // 3. o += δ Pᵀ over the token tiles at or below the diagonal (P is zero above it), then out (where
+    // U was). The small terms go to their own accumulators: more independent MMAs in flight.
+    float o_small[2][4] = {};
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < kTokenTiles; ++ks) {
       const Split a[4] = {split(delta[ks][0]), split(delta[ks][2]), split(delta[ks][1]), split(delta[ks][3])};
+      const bool live[2] = {ks <= own_tiles[0], ks <= own_tiles[1]};
+      Split bp[2][2] = {};
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const float2 p2 = *reinterpret_cast<const float2*>(Ps + (nt * 8 + gq) * Sh::kPPitch + ks * 8 + 2 * tq);
-        mma3(o[nt], a, split(p2.x), split(p2.y));
+      for (int m = 0; m < 2; ++m) {
+        if (!live[m]) continue;
+        const float2 p2 = *reinterpret_cast<const float2*>(Ps + (own_tiles[m] * 8 + gq) * Sh::kPPitch + ks * 8 + 2 * tq);
+        bp[m][0] = split(p2.x);
+        bp[m][1] = split(p2.y);
       }
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (live[m]) mma_pass<Pass::lo_hi>(o_small[m], a, bp[m][0], bp[m][1]);
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (live[m]) mma_pass<Pass::hi_hi>(od[m], a, bp[m][0], bp[m][1]);
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (live[m]) mma_pass<Pass::hi_lo>(o_small[m], a, bp[m][0], bp[m][1]);
     }
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int t = nt * 8 + 2 * tq + e % 2, row = i0 + r0 + gq + (e / 2) * 8;
-        if (t < n && row < Dv) out[((t0 + t) * Hv + h) * Dv + row] = o[nt][e];
+        const int t = own_tiles[m] * 8 + 2 * tq + e % 2, row = i0 + r0 + gq + (e / 2) * 8;
+        if (t < n && row < Dv) out[((t0 + t) * Hv + h) * Dv + row] = od[m][e] + o_small[m][e];
       }
 
-    // 4. S = e^{G_{n−1}} S0 + (δ · e^{G_{n−1}−G})ᵀ K.
+    // 4. S = e^{G_{n−1}} S0 + (δ · e^{G_{n−1}−G})ᵀ K on the warp's key slice, small terms apart as in 3.
     const float chunk_decay = Ds[n - 1].x;
+    float S_small[kSteps][4] = {};
 #pragma unroll
     for (int j = 0; j < kSteps; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) S[j][e] *= chunk_decay;
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
+    for (int ks = 0; ks < kTokenTiles; ++ks) {
       const float e0 = Ds[ks * 8 + 2 * tq].y, e1 = Ds[ks * 8 + 2 * tq + 1].y;
       const Split a[4] = {split(delta[ks][0] * e0), split(delta[ks][2] * e0), split(delta[ks][1] * e1),
                           split(delta[ks][3] * e1)};
-      const float* kb = Ks + (ks * 8 + 2 * tq) * Sh::kKPitch + gq;
+      const float* kb = Ks + (ks * 8 + 2 * tq) * Sh::kKPitch + k0 + gq;
+      Split bk[kSteps][2];
 #pragma unroll
-      for (int j = 0; j < kSteps; ++j) mma3(S[j], a, split(kb[8 * j]), split(kb[Sh::kKPitch + 8 * j]));
+      for (int j = 0; j < kSteps; ++j) {
+        bk[j][0] = split(kb[8 * j]);
+        bk[j][1] = split(kb[Sh::kKPitch + 8 * j]);
+      }
+      mma_row<Pass::lo_hi>(S_small, a, bk);
+      mma_row<Pass::hi_hi>(S, a, bk);
+      mma_row<Pass::hi_lo>(S_small, a, bk);
     }
-    __syncthreads();  // every warp is done with K, P, U and the decays
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[j][e] += S_small[j][e];
+    __syncthreads();  // every warp is done with K, P, U, the decays and δ
     if (c0 + kC < len) load_rest(c0 + kC);
     cp_async_commit();
   }
@@ -407,7 +520,7 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   for (int j = 0; j < kSteps; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = i0 + r0 + gq + (e / 2) * 8, col = 8 * j + 2 * tq + e % 2;
+      const int row = i0 + r0 + gq + (e / 2) * 8, col = k0 + 8 * j + 2 * tq + e % 2;
       if (row < Dv && col < Dk) Sg[static_cast<int64_t>(row) * Dk + col] = S[j][e];
     }
 }

@@ -1,4 +1,5 @@
-// One-token GEMV over dense weights (f32 | bf16 | f16), the decode step's bandwidth-bound core.
+// One-token GEMV over dense weights (f32 | bf16 | f16), the decode step's bandwidth-bound core;
+// several matrices reading the same x (q/k/v, gate/up) share one launch.
 // A block owns kRows consecutive rows and its warps split the row length between them, so that a
 // matrix of few rows (the k/v projections: 1024) still spreads over every SM; each lane keeps
 // kRows × kUnits 16-byte weight loads in flight (Little's law: ~32 KiB per SM keeps HBM busy) and
@@ -61,15 +62,29 @@ __device__ __forceinline__ float unit_dot(const uint4& raw, const float* __restr
   }
 }
 
+// The matrices of one launch: matrix i owns blocks [first_block[i], first_block[i + 1]).
+struct DenseBatch {
+  int count;
+  int64_t in;
+  const void* w[kMaxGemvMatrices];
+  float* y[kMaxGemvMatrices];
+  int64_t rows[kMaxGemvMatrices];
+  int64_t first_block[kMaxGemvMatrices + 1];
+};
+
 template <class Elem>
-__global__ void __launch_bounds__(kWarps* kWarp)
-    gemv_dense_kernel(const float* __restrict__ x, const void* __restrict__ weights, int64_t rows, int64_t in,
-                      float* __restrict__ y) {
+__global__ void __launch_bounds__(kWarps* kWarp) gemv_dense_kernel(const float* __restrict__ x,
+                                                                   const __grid_constant__ DenseBatch batch) {
   constexpr int kPerUnit = 16 / static_cast<int>(sizeof(typename Elem::Storage));
   __shared__ float partial[kWarps][kRows];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int64_t units = in / kPerUnit;
+  int m = 0;
+  while (m + 1 < batch.count && blockIdx.x >= batch.first_block[m + 1]) ++m;
+  const void* __restrict__ weights = batch.w[m];
+  float* __restrict__ y = batch.y[m];
+  const int64_t rows = batch.rows[m];
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) - batch.first_block[m]) * kRows;
+  const int64_t units = batch.in / kPerUnit;
   // Warp `warp` takes units [begin, end) of every row of the block, in steps of 32·kUnits.
   const int64_t begin = units * warp / kWarps, end = units * (warp + 1) / kWarps;
   const uint4* base[kRows];
@@ -112,23 +127,29 @@ __global__ void __launch_bounds__(kWarps* kWarp)
 
 }  // namespace
 
-bool try_launch_gemv_dense(const float* x, const WeightView& w, float* y, cudaStream_t stream) {
-  if (w.quantized || !aligned16(x) || !aligned16(w.data)) return false;
-  const int64_t per_unit = w.dtype == DType::f32 ? 4 : 8;
-  if (w.in % per_unit != 0) return false;
-  const auto blocks = static_cast<unsigned>((w.rows + kRows - 1) / kRows);
-  switch (w.dtype) {
-    case DType::bf16:
-      gemv_dense_kernel<Bf16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, w.data, w.rows, w.in, y);
-      break;
-    case DType::f16:
-      gemv_dense_kernel<F16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, w.data, w.rows, w.in, y);
-      break;
-    case DType::f32:
-      gemv_dense_kernel<F32Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, w.data, w.rows, w.in, y);
-      break;
-    default:
+bool try_launch_gemv_dense(const float* x, const GemvBatch& batch, cudaStream_t stream) {
+  if (batch.count < 1 || batch.count > kMaxGemvMatrices || !aligned16(x)) return false;
+  const WeightView& first = batch.w[0];
+  const int64_t per_unit = first.dtype == DType::f32 ? 4 : 8;
+  DenseBatch b{};
+  b.count = batch.count;
+  b.in = first.in;
+  for (int i = 0; i < batch.count; ++i) {
+    const WeightView& w = batch.w[i];
+    if (w.quantized || w.dtype != first.dtype || w.in != first.in || w.in % per_unit != 0 || !aligned16(w.data))
       return false;
+    b.w[i] = w.data;
+    b.y[i] = batch.y[i];
+    b.rows[i] = w.rows;
+    b.first_block[i + 1] = b.first_block[i] + (w.rows + kRows - 1) / kRows;
+  }
+  const auto blocks = static_cast<unsigned>(b.first_block[batch.count]);
+  if (blocks == 0) return true;
+  switch (first.dtype) {
+    case DType::bf16: gemv_dense_kernel<Bf16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, b); break;
+    case DType::f16: gemv_dense_kernel<F16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, b); break;
+    case DType::f32: gemv_dense_kernel<F32Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, b); break;
+    default: return false;
   }
   QINFER_CUDA_CHECK_LAUNCH("gemv_dense_kernel<<<>>>");
   return true;

@@ -40,12 +40,22 @@ constexpr int64_t kGemvMaxTokens = 8;
 // y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens, f32 accumulation; the kernel (warp per row,
 // row tiles, tensor cores) is chosen by format and T.
 void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream);
-// gemv_dense.cu: y = x · wᵀ for one token of dense weights (16-byte aligned x and rows, whole 16-byte
-// units per row); false when the view does not qualify.
-bool try_launch_gemv_dense(const float* x, const WeightView& w, float* y, cudaStream_t stream);
-// gemv_affine.cu: y = x · wᵀ for one token of MLX affine 4/8-bit weights (groups 32/64/128, f32|bf16|f16
-// scales, 16-byte aligned x and rows, x staged in shared memory); false when the view does not qualify.
-bool try_launch_gemv_affine(const float* x, const WeightView& w, float* y, cudaStream_t stream);
+// Matrices that read the same x (q/k/v, gate/up, GDN input projections) as one launch: matrix i's
+// rows go to y[i]. A launcher takes all of them or none (false: the caller runs them one by one).
+constexpr int kMaxGemvMatrices = 4;
+struct GemvBatch {
+  int count = 0;
+  WeightView w[kMaxGemvMatrices];
+  float* y[kMaxGemvMatrices] = {};
+};
+// y[i] = x · w[i]ᵀ for T ≤ kGemvMaxTokens tokens: one launch where a kernel takes the batch, else
+// launch_gemv per matrix.
+void launch_gemv_batch(const float* x, int64_t T, const GemvBatch& batch, cudaStream_t stream);
+// gemv_dense.cu: one token of dense weights of one dtype and width (16-byte aligned x and rows,
+// whole 16-byte units per row).
+bool try_launch_gemv_dense(const float* x, const GemvBatch& batch, cudaStream_t stream);
+// gemv_affine.cu: one token of MLX affine 4/8-bit weights (groups 32/64/128, f32|bf16|f16 scales).
+bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t stream);
 // Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo
 // (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the tensor-core GEMM's weight operands.
 // A null lo writes hi alone (the fast precision: one bf16 operand).
@@ -116,14 +126,27 @@ int64_t attention_partial_floats(int64_t splits, int64_t T, int64_t heads, int64
 void launch_attention(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                       int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int splits,
                       float* partial, float* out, cudaStream_t stream);
+// Decode and speculative verification (every sequence at most kAttentionDecodeMaxTokens tokens,
+// 16-byte aligned q, out and pool): flash-decoding with the query rows in registers, head_dim
+// 64 / 128 / 256. `layout.tiles` must be cut into attention_decode_tile_rows(head_dim, max_rows)
+// rows per tile (max_rows: the most len · group of a sequence; 0: no kernel for head_dim); the
+// partial results take attention_partial_floats(splits, ...) floats, splits from
+// attention_decode_splits (with max_keys the most keys a sequence may have).
+constexpr int64_t kAttentionDecodeMaxTokens = 8;
+constexpr int64_t kAttentionDecodeMaxSplits = 128;
+int64_t attention_decode_tile_rows(int64_t head_dim, int64_t max_rows);
+int attention_decode_splits(int64_t blocks, int64_t max_keys, int sm_count);
+void launch_attention_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+                             int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tile_rows,
+                             float scale, int splits, float* partial, float* out, cudaStream_t stream);
 // Prefill on the tensor cores (attention_mma.cu): for batches where some sequence has at least
 // kAttentionMmaMinRows query rows (len · group) and head_dim has a kernel (tile rows > 0).
-// `layout.tiles` must then be cut into attention_mma_tile_rows(head_dim) rows per tile (both
-// precisions); decode-sized batches stay on launch_attention, whose key splits suit them better.
+// `layout.tiles` must then be cut into attention_mma_tile_rows(head_dim, bf16) rows per tile;
+// decode-sized batches stay on launch_attention, whose key splits suit them better.
 // bf16: Q, K, V and P rounded to bf16 (fast mode); otherwise TF32 operands (exact mode).
 constexpr int64_t kAttentionMmaMinRows = 64;
-int64_t attention_mma_tile_rows(int64_t head_dim);  // 0: no tensor-core kernel for head_dim
-size_t attention_mma_shared_bytes(int64_t head_dim);  // the most either precision needs
+int64_t attention_mma_tile_rows(int64_t head_dim, bool bf16);  // 0: no tensor-core kernel for head_dim
+size_t attention_mma_shared_bytes(int64_t head_dim, bool bf16);
 void launch_attention_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out,
                           cudaStream_t stream);

@@ -515,8 +515,13 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaS
   // Measured on the H200: one token reads fastest through the warp-per-row kernel (dense) and the
   // tiles (quantized formats gemv_affine does not take); several tokens through the tensor cores,
   // whose time hardly grows with T.
-  if (T == 1 && try_launch_gemv_dense(x, w, y, stream)) return;
-  if (T == 1 && try_launch_gemv_affine(x, w, y, stream)) return;
+  if (T == 1) {
+    GemvBatch one;
+    one.count = 1;
+    one.w[0] = w;
+    one.y[0] = y;
+    if (try_launch_gemv_dense(x, one, stream) || try_launch_gemv_affine(x, one, stream)) return;
+  }
   if (T > 1 && try_launch_mma(x, t, w, y, stream)) {
     QINFER_CUDA_CHECK_LAUNCH("gemv_mma_kernel<<<>>>");
     return;
@@ -542,6 +547,11 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaS
     }
   });
   QINFER_CUDA_CHECK_LAUNCH("gemv_kernel<<<>>>");
+}
+
+void launch_gemv_batch(const float* x, int64_t T, const GemvBatch& batch, cudaStream_t stream) {
+  if (T == 1 && (try_launch_gemv_dense(x, batch, stream) || try_launch_gemv_affine(x, batch, stream))) return;
+  for (int i = 0; i < batch.count; ++i) launch_gemv(x, T, batch.w[i], batch.y[i], stream);
 }
 
 void launch_dequantize_rows_bf16_pair(const WeightView& w, int64_t row0, int64_t rows, void* hi, void* lo,
