@@ -1,5 +1,6 @@
 // What every backend shares: transfers between host memory and a backend's, with the host
-// backends' implementation (a memcpy) as the default, and linear_many as linear per matrix.
+// backends' implementation (a memcpy) as the default, linear_many and rms_norm_rope_store as the ops they
+// stand for.
 #include <cstring>
 
 #include "backend/ops.h"
@@ -21,6 +22,14 @@ void Ops::linear_many(const Tensor& x, const std::vector<const Weight*>& ws, con
                "{} linear_many: {} matrices and {} outputs (expected 1 to 4 of each, as many outputs as matrices)",
                name(), ws.size(), ys.size());
   for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
+}
+
+void Ops::rms_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_w, const Tensor& k_w, float eps,
+                              const Tensor& positions, const RopeParams& params, const AttentionLayout& layout,
+                              KvPool& pool) {
+  rms_norm_rope(q, q_w, eps, positions, params);
+  rms_norm_rope(k, k_w, eps, positions, params);
+  kv_store(k, v, layout, pool);
 }
 
 void Ops::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {

@@ -124,6 +124,11 @@ class Ops {
   // x += y. Same shape.
   virtual void add(Tensor& x, const Tensor& y) = 0;
 
+  // The attention inputs of a batch in one pass: rms_norm_rope of q with q_w and of k with k_w, then
+  // kv_store of k and v. A device backend fuses them; host backends call the three ops.
+  virtual void rms_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_w, const Tensor& k_w,
+                                   float eps, const Tensor& positions, const RopeParams& params,
+                                   const AttentionLayout& layout, KvPool& pool);
   // Writes this batch's keys / values into the pool at each token's cache position
   // (cached[s] + index within the sequence). k, v f32 [T, kv_heads, head_dim].
   virtual void kv_store(const Tensor& k, const Tensor& v, const AttentionLayout& layout, KvPool& pool) = 0;

@@ -35,6 +35,14 @@ std::vector<int32_t> stop_ids(const std::filesystem::path& model_dir, const io::
   return {ids.begin(), ids.end()};
 }
 
+Tensor text_logits(Ops& ops, const Tensor& logits, const tokenizer::Tokenizer& tokenizer) {
+  const int64_t rows = logits.dim(0), text = tokenizer.vocab_size();
+  if (logits.dim(1) <= text) return logits;
+  Tensor narrow = ops.alloc_output(DType::f32, {rows, text});
+  ops.copy_columns(logits, 0, narrow, 0, text);
+  return narrow;
+}
+
 GenerationResult generate(models::Runner& model, const tokenizer::Tokenizer& tokenizer,
                           const std::vector<int32_t>& prompt, const GenerationOptions& options,
                           const std::function<void(std::string_view)>& on_text) {
@@ -72,7 +80,8 @@ GenerationResult generate(models::Runner& model, const tokenizer::Tokenizer& tok
       break;
     }
     std::vector<int32_t> next;
-    model.ops().sample(logits, {options.sampling}, history, {static_cast<uint64_t>(i)}, next);
+    model.ops().sample(text_logits(model.ops(), logits, tokenizer), {options.sampling}, history,
+                       {static_cast<uint64_t>(i)}, next);
     const int32_t token = next[0];
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), token) != options.stop_ids.end()) {
       result.finish_reason = "stop";

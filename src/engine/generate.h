@@ -22,6 +22,12 @@ struct GenerationOptions {
   const std::atomic<bool>* cancel = nullptr;  // set from a signal handler to end the answer early
 };
 
+// The logits rows sampling chooses from: the columns of ids the tokenizer has. Checkpoints round
+// vocab_size up (Qwen3: 151936 rows for 151669 tokens); those padding rows are no text, and a model
+// that has not learned to keep them low (random weights) would sample them. `logits` itself when it
+// has no such columns.
+Tensor text_logits(Ops& ops, const Tensor& logits, const tokenizer::Tokenizer& tokenizer);
+
 struct GenerationResult {
   std::vector<int32_t> tokens;  // generated ids, the stop id excluded
   std::string finish_reason;    // "stop", "length" or "cancelled"

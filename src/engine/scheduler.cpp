@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/generate.h"
 #include "engine/text_stream.h"
 
 namespace qinfer::engine {
@@ -279,7 +280,7 @@ void Scheduler::Impl::step() {
       const auto begin = s->tokens.begin() + s->cache.cached;
       b.sequences.push_back({std::vector<int32_t>(begin, begin + s->chunk), &s->cache, false});
     }
-    logits = model.forward(b, cache);
+    logits = text_logits(model.ops(), model.forward(b, cache), tokenizer);
 
     std::vector<SamplingParams> params(batch.size());  // greedy (cheap) for rows that do not sample
     std::vector<std::vector<int32_t>> history(batch.size());

@@ -56,14 +56,11 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
     ops.linear_many(x, {&q_proj, &k_proj, &v_proj}, {&q_flat, &k_flat, &v_flat});
   }
 
-  ops.rms_norm_rope(q, q_norm, eps, ctx.positions, rope);
-  ops.rms_norm_rope(k, k_norm, eps, ctx.positions, rope);
+  KvPool& pool = ctx.cache.kv(kv_index);
+  ops.rms_norm_rope_store(q, k, v, q_norm, k_norm, eps, ctx.positions, rope, ctx.attention, pool);
   ctx.named(name + ".q", q);
   ctx.named(name + ".k", k);
   ctx.named(name + ".v", v);
-
-  KvPool& pool = ctx.cache.kv(kv_index);
-  ops.kv_store(k, v, ctx.attention, pool);
   Tensor attn = ctx.alloc({T, heads, hd});
   ops.attention(q, pool, ctx.attention, 1.0f / std::sqrt(static_cast<float>(hd)), attn);
   Tensor attn_flat = attn.reshape({T, heads * hd});

@@ -1,6 +1,7 @@
 // TextStream: the text side of generation shared by engine::generate and the scheduler.
 #include <gtest/gtest.h>
 
+#include "engine/generate.h"
 #include "engine/text_stream.h"
 #include "scheduler_support.h"
 
@@ -60,6 +61,27 @@ TEST(TextStream, HeldBack) {
   EXPECT_EQ(held_back("abc", {"bcd", "cx"}), 2u);
   EXPECT_EQ(held_back("abc", {"abc"}), 0u) << "a whole match is not a proper prefix";
   EXPECT_EQ(held_back("abc", {"x"}), 0u);
+}
+
+
+// Padding rows past the tokenizer's vocabulary (a checkpoint's vocab_size rounded up) are never
+// sampled: sampling sees only the tokenizer's columns.
+TEST(TextLogits, DropsColumnsPastTheTokenizerVocabulary) {
+  const tokenizer::Tokenizer& tok = test_tokenizer();
+  const int64_t text = tok.vocab_size();
+  std::unique_ptr<Ops> ops = make_ref_ops();
+  Tensor wide = host_tensor(DType::f32, {2, text + 44});
+  for (int64_t i = 0; i < wide.numel(); ++i) wide.ptr<float>()[i] = static_cast<float>(i % 977);
+  wide.ptr<float>()[text + 3] = 1e9f;  // the largest logit sits in the padding
+  const Tensor narrow = text_logits(*ops, wide, tok);
+  ASSERT_EQ(narrow.shape, (std::vector<int64_t>{2, text}));
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t c = 0; c < text; ++c) EXPECT_EQ(narrow.ptr<float>()[r * text + c], wide.ptr<float>()[r * (text + 44) + c]);
+  std::vector<int32_t> next;
+  ops->sample(narrow, {SamplingParams{}, SamplingParams{}}, {{}, {}}, {0, 0}, next);
+  for (int32_t id : next) EXPECT_LT(id, text);
+  Tensor exact = host_tensor(DType::f32, {1, text});
+  EXPECT_EQ(text_logits(*ops, exact, tok).data, exact.data);
 }
 
 }  // namespace

@@ -210,10 +210,10 @@ void add_linear_mma(std::vector<Case>& cases) {
   }
 }
 
-// The one-token affine 4/8-bit GEMV (gemv_affine.cu): rows of one chunk to 2 × 512 chunks per block
-// (4-bit in = 16640: two chunks per thread, the second owned by some threads only; 8-bit there and
-// in = 60032 for both: the tiles take it); warps past the last chunk; tiles past the last row; many
-// tiles per block (out = 30011); x magnitudes from 1e-23 to 1e24 (each x chunk gets its own exponent).
+// The one-token affine 4/8-bit GEMV (gemv_affine.cu): rows of one chunk to thousands (in = 60032:
+// many chunks per lane); each row split over 1 (in = 256, out = 8500), 2, 4 or 8 warps, slices with
+// no chunk (in = 64); short row groups and groups past the last row; x magnitudes from 1e-23 to 1e24
+// (each x chunk gets its own exponent).
 // Through linear_many: matrices of one layout in one launch (rows of each past a tile's end), and
 // mixed group sizes (matrix by matrix).
 void add_linear_gemv_affine(std::vector<Case>& cases) {
@@ -224,9 +224,9 @@ void add_linear_gemv_affine(std::vector<Case>& cases) {
   };
   const Shape shapes[] = {{64, 7, false, 1.0f},     {128, 4501, false, 1.0f}, {3136, 4300, true, 1.0f},
                           {256, 2500, true, 1.0f},  {4608, 2200, false, 1.0f}, {4160, 1000, false, 1.0f},
-                          {4224, 97, true, 1.0f},   {12288, 33, false, 1.0f}, {1024, 1, true, 1e20f},
+                          {4224, 97, true, 1.0f},   {12288, 33, false, 1.0f}, {1024, 3, true, 1e20f},
                           {2048, 5, true, 1e-20f},  {60032, 3, false, 1.0f}, {16640, 45, true, 1.0f},
-                          {1536, 30011, false, 1.0f}};
+                          {1536, 30011, false, 1.0f}, {256, 8500, false, 1.0f}};
   constexpr DType kScaleTypes[] = {DType::bf16, DType::f16, DType::f32};
   for (int bits : {4, 8}) {
     for (int group : {32, 64, 128}) {
@@ -804,6 +804,63 @@ void add_linear_many(std::vector<Case>& cases) {
   }
 }
 
+// q/k norms, rotation and the KV write of one attention layer as one op: partial rotary_dim (Qwen3-
+// Next / 3.5), MRoPE sections, GQA, decode and prefill batches over shuffled pages.
+void add_rms_norm_rope_store(std::vector<Case>& cases) {
+  struct Shape {
+    int64_t heads, kv_heads, head_dim, rotary;
+    std::vector<int64_t> section;
+    std::vector<int32_t> lens, cached;
+  };
+  const Shape shapes[] = {{32, 8, 128, 128, {}, {1}, {511}},
+                          {16, 2, 256, 64, {11, 11, 10}, {1, 1, 1}, {0, 40, 7}},
+                          {8, 8, 64, 64, {}, {17, 3}, {0, 9}},
+                          {4, 2, 128, 128, {}, {300}, {0}},
+                          {6, 3, 20, 10, {}, {5, 1}, {3, 30}}};
+  for (const Shape& s : shapes) {
+    cases.push_back(
+        {"rms_norm_rope_store",
+         fmt::format("h={} kv={} hd={} rotary={}{} lens={} cached={}", s.heads, s.kv_heads, s.head_dim, s.rotary,
+                     s.section.empty() ? "" : " mrope", seqs_str(s.lens), seqs_str(s.cached)),
+         [=](Run& r) {
+           constexpr int32_t kBlock = 16;
+           AttentionLayout layout;
+           layout.seqs = make_layout(s.lens, static_cast<int64_t>(s.lens.size()), r.rng);
+           layout.cached = s.cached;
+           layout.block_size = kBlock;
+           for (size_t i = 0; i < s.lens.size(); ++i)
+             layout.max_blocks = std::max(layout.max_blocks, (s.cached[i] + s.lens[i] + kBlock - 1) / kBlock);
+           const int64_t num_blocks = static_cast<int64_t>(s.lens.size()) * layout.max_blocks + 2;
+           layout.block_table.resize(s.lens.size() * layout.max_blocks);
+           std::iota(layout.block_table.begin(), layout.block_table.end(), 2);
+           std::shuffle(layout.block_table.begin(), layout.block_table.end(), r.rng.engine());
+           const int64_t T = layout.seqs.num_tokens();
+           Tensor positions = host_tensor(DType::i32, {3, T});
+           for (size_t i = 0; i < s.lens.size(); ++i)
+             for (int32_t j = layout.seqs.cu_seqlens[i]; j < layout.seqs.cu_seqlens[i + 1]; ++j)
+               for (int axis = 0; axis < 3; ++axis)
+                 positions.ptr<int32_t>()[axis * T + j] =
+                     s.cached[i] + (j - layout.seqs.cu_seqlens[i]) + static_cast<int32_t>(r.rng.integer(0, 2)) * axis;
+           const RopeParams params{s.rotary, 1e6, s.section};
+           const std::vector<int64_t> pool_shape = {num_blocks, kBlock, s.kv_heads, s.head_dim};
+           KvPool pool{random_tensor(r.rng, DType::f32, pool_shape), random_tensor(r.rng, DType::f32, pool_shape)};
+           KvPool pool_dut{r.put(pool.k), r.put(pool.v)};
+           Tensor q = random_tensor(r.rng, DType::f32, {T, s.heads, s.head_dim});
+           Tensor k = random_tensor(r.rng, DType::f32, {T, s.kv_heads, s.head_dim});
+           Tensor v = random_tensor(r.rng, DType::f32, {T, s.kv_heads, s.head_dim});
+           Tensor q_w = random_tensor(r.rng, DType::f32, {s.head_dim}), k_w = random_tensor(r.rng, DType::f32, {s.head_dim});
+           Tensor q_dut = r.put(q), k_dut = r.put(k);
+           r.ref.rms_norm_rope_store(q, k, v, q_w, k_w, 1e-6f, positions, params, layout, pool);
+           r.dut.rms_norm_rope_store(q_dut, k_dut, r.put(v), r.put(q_w), r.put(k_w), 1e-6f, r.put(positions), params,
+                                     layout, pool_dut);
+           r.compare("q", q_dut, q, kTol);
+           r.compare("k", k_dut, k, kTol);
+           r.compare("pool.k", pool_dut.k, pool.k, kTol);
+           r.compare("pool.v", pool_dut.v, pool.v, 0.0);
+         }});
+  }
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   add_linear(cases);
@@ -816,6 +873,7 @@ std::vector<Case> all_cases() {
   add_rope(cases);
   add_elementwise(cases);
   add_attention(cases);
+  add_rms_norm_rope_store(cases);
   add_moe(cases);
   add_gdn(cases);
   add_sample(cases);

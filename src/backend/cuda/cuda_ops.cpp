@@ -554,6 +554,39 @@ class CudaOps final : public Ops {
     launch_add(x.ptr<float>(), y.ptr<float>(), x.numel(), stream());
   }
 
+  void rms_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_w, const Tensor& k_w, float eps,
+                           const Tensor& positions, const RopeParams& params, const AttentionLayout& layout,
+                           KvPool& pool) override {
+    constexpr std::string_view op = "rms_norm_rope_store";
+    const RopeTable table = rope_table(op, q, positions, params);
+    rope_table(op, k, positions, params);
+    check_f32(op, "v", v, 3);
+    check_shape(op, "v", v, k.shape);
+    const int64_t T = q.dim(0), heads = q.dim(1), kv_heads = k.dim(1), head_dim = q.dim(2);
+    check_shape(op, "k", k, {T, kv_heads, head_dim});
+    check_f32(op, "q_w", q_w, 1);
+    check_shape(op, "q_w", q_w, {head_dim});
+    check_f32(op, "k_w", k_w, 1);
+    check_shape(op, "k_w", k_w, {head_dim});
+    check_distinct(op, "k", k, "q", q);
+    check_pool(op, pool, layout.block_size, kv_heads, head_dim);
+    check_attention_layout(op, layout, T, pool.k.dim(0), false);
+    enter();
+    const AttentionArrays arrays = upload_attention(layout, 0);
+    if (replaying()) return;
+    if (try_launch_rms_norm_rope_store(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), q_w.ptr<float>(),
+                                       k_w.ptr<float>(), eps, positions.ptr<int32_t>(), T, heads, kv_heads, head_dim,
+                                       params.rotary_dim / 2, table, arrays.dst_rows, pool.k.ptr<float>(),
+                                       pool.v.ptr<float>(), stream()))
+      return;
+    launch_rms_norm_rope(q.ptr<float>(), q_w.ptr<float>(), eps, positions.ptr<int32_t>(), T, heads, head_dim,
+                         params.rotary_dim / 2, table, stream());
+    launch_rms_norm_rope(k.ptr<float>(), k_w.ptr<float>(), eps, positions.ptr<int32_t>(), T, kv_heads, head_dim,
+                         params.rotary_dim / 2, table, stream());
+    launch_kv_store(k.ptr<float>(), v.ptr<float>(), arrays.dst_rows, T, kv_heads * head_dim, pool.k.ptr<float>(),
+                    pool.v.ptr<float>(), stream());
+  }
+
   void kv_store(const Tensor& k, const Tensor& v, const AttentionLayout& layout, KvPool& pool) override {
     check_f32("kv_store", "k", k, 3);
     check_f32("kv_store", "v", v, 3);

@@ -100,6 +100,13 @@ void launch_rope(float* x, const int32_t* positions, int64_t T, int64_t heads, i
 // Each head of x [T, heads, head_dim] rms_norm'ed with w [head_dim], then rotated as by launch_rope.
 void launch_rms_norm_rope(float* x, const float* w, float eps, const int32_t* positions, int64_t T, int64_t heads,
                           int64_t head_dim, int64_t half, const RopeTable& table, cudaStream_t stream);
+// rms_norm_rope of q [T, heads, head_dim] and of k [T, kv_heads, head_dim] in one launch, k's rotated
+// heads and v's also written to pool rows dst_rows[t] (kv_store); false when the heads are too long
+// for registers (nothing launched).
+bool try_launch_rms_norm_rope_store(float* q, float* k, const float* v, const float* q_w, const float* k_w, float eps,
+                                    const int32_t* positions, int64_t T, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, int64_t half, const RopeTable& table, const int32_t* dst_rows,
+                                    float* pool_k, float* pool_v, cudaStream_t stream);
 
 // --- attention.cu ------------------------------------------------------------------------------
 // Batch layout arrays on the device, built on the host from an AttentionLayout.

@@ -10,27 +10,40 @@ constexpr int kThreads = 128;
 constexpr int kWarpsPerBlock = kThreads / kWarp;
 constexpr int kMaxPassVecs = 8;  // features past rotary_dim each lane holds: up to 256 of them
 
-// One launch's operands: x [T, heads, head_dim], w [head_dim] when normed.
+// One launch's operands: heads of up to two tensors of one batch (q, then k) x[p] [T, heads[p],
+// head_dim], each with its norm weight w[p] [head_dim] when normed; with a pool, the second tensor's
+// rotated heads and v's are also written to the pool rows dst_rows[t] (kv_store's layout).
 struct Heads {
-  float* x;
-  const float* w;
+  float* x[2];
+  const float* w[2];
+  int64_t heads[2];
   float eps;
   const int32_t* positions;
-  int64_t T, heads, head_dim, half;
+  int64_t T, head_dim, half;
+  const float* v;            // [T, heads[1], head_dim] when storing
+  const int32_t* dst_rows;   // [T]: pool row of each token
+  float* pool_k;             // [rows, heads[1], head_dim]
+  float* pool_v;
 };
 
 // One warp per (token, head), the head in registers: lane l holds the rotation pairs (x[i],
 // x[i + half]) of frequencies i = l + 32k (k < kFreqs) and, when normed, the features past
 // rotary_dim j = 2·half + l + 32k (k < kPass). Loads and stores are coalesced; every element is
 // read and written by one lane.
-template <bool kNorm, int kFreqs, int kPass>
+template <bool kNorm, int kFreqs, int kPass, bool kStore>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __grid_constant__ RopeTable table) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t rows = h.T * h.heads, half = h.half;
+  const int64_t per_token = h.heads[0] + h.heads[1], rows = h.T * per_token, half = h.half;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
-    const int64_t t = row / h.heads;
-    float* xh = h.x + row * h.head_dim;
+    const int64_t t = row / per_token, slot = row % per_token;
+    const int p = slot < h.heads[0] ? 0 : 1;
+    const int64_t head = p == 0 ? slot : slot - h.heads[0];
+    float* xh = h.x[p] + (t * h.heads[p] + head) * h.head_dim;
+    const float* __restrict__ w = h.w[p];
+    // Where this head's key and value go in the pool (the second tensor's heads only).
+    const bool store = kStore && p == 1;
+    const int64_t pool_offset = store ? (static_cast<int64_t>(h.dst_rows[t]) * h.heads[1] + head) * h.head_dim : 0;
     float a[kFreqs], b[kFreqs], angle[kFreqs], pass[kPass > 0 ? kPass : 1];
     float sum = 0.0f;
 #pragma unroll
@@ -57,13 +70,22 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
       for (int k = 0; k < kFreqs; ++k) {
         const int i = lane + k * kWarp;
         if (i >= half) continue;
-        a[k] = a[k] * inv_rms * h.w[i];
-        b[k] = b[k] * inv_rms * h.w[i + half];
+        a[k] = a[k] * inv_rms * w[i];
+        b[k] = b[k] * inv_rms * w[i + half];
       }
 #pragma unroll
       for (int k = 0; k < kPass; ++k) {
         const int64_t j = 2 * half + lane + k * kWarp;
-        if (j < h.head_dim) xh[j] = pass[k] * inv_rms * h.w[j];
+        if (j >= h.head_dim) continue;
+        const float value = pass[k] * inv_rms * w[j];
+        xh[j] = value;
+        if (store) h.pool_k[pool_offset + j] = value;
+      }
+    } else if (store) {
+#pragma unroll
+      for (int k = 0; k < kPass; ++k) {
+        const int64_t j = 2 * half + lane + k * kWarp;
+        if (j < h.head_dim) h.pool_k[pool_offset + j] = pass[k];
       }
     }
 #pragma unroll
@@ -72,15 +94,26 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
       if (i >= half) continue;
       float s, c;
       sincosf(angle[k], &s, &c);
-      xh[i] = a[k] * c - b[k] * s;
-      xh[i + half] = b[k] * c + a[k] * s;
+      const float lo = a[k] * c - b[k] * s, hi = b[k] * c + a[k] * s;
+      xh[i] = lo;
+      xh[i + half] = hi;
+      if (store) {
+        h.pool_k[pool_offset + i] = lo;
+        h.pool_k[pool_offset + i + half] = hi;
+      }
+    }
+    if (store) {
+      const float* vh = h.v + (t * h.heads[1] + head) * h.head_dim;
+      for (int64_t j = lane; j < h.head_dim; j += kWarp) h.pool_v[pool_offset + j] = vh[j];
     }
   }
 }
 
 template <bool kNorm, int kFreqs, int kPass>
 void launch_heads(const Heads& h, const RopeTable& table, cudaStream_t stream) {
-  rope_kernel<kNorm, kFreqs, kPass><<<grid_for(h.T * h.heads, kWarpsPerBlock, 65535), kThreads, 0, stream>>>(h, table);
+  const unsigned blocks = grid_for(h.T * (h.heads[0] + h.heads[1]), kWarpsPerBlock, 65535);
+  if (h.pool_k) rope_kernel<kNorm, kFreqs, kPass, true><<<blocks, kThreads, 0, stream>>>(h, table);
+  else rope_kernel<kNorm, kFreqs, kPass, false><<<blocks, kThreads, 0, stream>>>(h, table);
   QINFER_CUDA_CHECK_LAUNCH("rope_kernel<<<>>>");
 }
 
@@ -94,27 +127,61 @@ void launch_freqs(const Heads& h, const RopeTable& table, cudaStream_t stream) {
   else launch_heads<kNorm, 8, kPass>(h, table, stream);
 }
 
+// Normed heads (held in registers when they fit).
+void launch_normed(const Heads& h, const RopeTable& table, cudaStream_t stream) {
+  const int64_t pass = h.head_dim - 2 * h.half;
+  if (pass == 0) launch_freqs<true, 0>(h, table, stream);
+  else if (pass <= 2 * kWarp) launch_freqs<true, 2>(h, table, stream);
+  else launch_freqs<true, kMaxPassVecs>(h, table, stream);
+}
+
 }  // namespace
 
 void launch_rope(float* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, int64_t half,
                  const RopeTable& table, cudaStream_t stream) {
   if (T == 0 || half == 0 || heads == 0) return;
-  launch_freqs<false, 0>(Heads{x, nullptr, 0.0f, positions, T, heads, head_dim, half}, table, stream);
+  Heads h{};
+  h.x[0] = x;
+  h.heads[0] = heads;
+  h.positions = positions;
+  h.T = T, h.head_dim = head_dim, h.half = half;
+  launch_freqs<false, 0>(h, table, stream);
 }
 
 void launch_rms_norm_rope(float* x, const float* w, float eps, const int32_t* positions, int64_t T, int64_t heads,
                           int64_t head_dim, int64_t half, const RopeTable& table, cudaStream_t stream) {
   if (T == 0 || heads == 0 || head_dim == 0) return;
-  const int64_t pass = head_dim - 2 * half;
-  if (pass > kMaxPassVecs * kWarp) {
+  if (head_dim - 2 * half > kMaxPassVecs * kWarp) {
     // Heads too long to hold in registers: the norm over the rows of head_dim, then the rotation.
     launch_rms_norm(x, w, nullptr, eps, T * heads, head_dim, x, stream);
     return launch_rope(x, positions, T, heads, head_dim, half, table, stream);
   }
-  const Heads h{x, w, eps, positions, T, heads, head_dim, half};
-  if (pass == 0) launch_freqs<true, 0>(h, table, stream);
-  else if (pass <= 2 * kWarp) launch_freqs<true, 2>(h, table, stream);
-  else launch_freqs<true, kMaxPassVecs>(h, table, stream);
+  Heads h{};
+  h.x[0] = x;
+  h.w[0] = w;
+  h.heads[0] = heads;
+  h.eps = eps;
+  h.positions = positions;
+  h.T = T, h.head_dim = head_dim, h.half = half;
+  launch_normed(h, table, stream);
+}
+
+bool try_launch_rms_norm_rope_store(float* q, float* k, const float* v, const float* q_w, const float* k_w, float eps,
+                                    const int32_t* positions, int64_t T, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, int64_t half, const RopeTable& table, const int32_t* dst_rows,
+                                    float* pool_k, float* pool_v, cudaStream_t stream) {
+  if (head_dim - 2 * half > kMaxPassVecs * kWarp) return false;
+  if (T == 0 || head_dim == 0) return true;
+  Heads h{};
+  h.x[0] = q, h.x[1] = k;
+  h.w[0] = q_w, h.w[1] = k_w;
+  h.heads[0] = heads, h.heads[1] = kv_heads;
+  h.eps = eps;
+  h.positions = positions;
+  h.T = T, h.head_dim = head_dim, h.half = half;
+  h.v = v, h.dst_rows = dst_rows, h.pool_k = pool_k, h.pool_v = pool_v;
+  launch_normed(h, table, stream);
+  return true;
 }
 
 }  // namespace qinfer::cuda
