@@ -6,7 +6,7 @@ For every fixture under tests/fixtures/golden and every prompt of its reference.
 the relative RMS of TP=N against TP=1 and of each against the fixture's transformers logits, plus
 whether the argmax rows agree. Exits non-zero when a TP=N run is above --tolerance against TP=1.
 
-  python3 tools/gpu_bench/tp_golden.py --qinfer build/src/cli/qinfer --device cuda --tp 2 [--mode prefill]
+  python3 tools/gpu_bench/tp_golden.py --qinfer build/qinfer --device cuda --tp 2 [--mode prefill]
 """
 import argparse
 import array
@@ -37,9 +37,9 @@ def argmax(rows):
     return [max(range(len(r)), key=r.__getitem__) for r in rows]
 
 
-def run_eval(qinfer, model, ids, device, tp, mode, path):
+def run_eval(qinfer, model, ids, device, tp, mode, precision, path):
     cmd = [qinfer, "eval", "--model", model, "--ids", ",".join(map(str, ids)), "--device", device,
-           "--mode", mode, "--logits", path, "--tensor-parallel", str(tp)]
+           "--mode", mode, "--logits", path, "--tensor-parallel", str(tp), "--precision", precision]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
@@ -53,6 +53,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tp", default="2", help="comma-separated N to compare with N = 1")
     ap.add_argument("--mode", default="prefill")
+    ap.add_argument("--precision", default="exact", help="cuda prompt precision (exact: comparable to transformers)")
     ap.add_argument("--tolerance", type=float, default=2e-2)
     args = ap.parse_args()
     sizes = [int(n) for n in args.tp.split(",")]
@@ -70,7 +71,7 @@ def main():
                 cols = ref["shape"][i][1]
                 want = load(os.path.join(model, ref["logits"][i]), cols)
                 one = os.path.join(tmp, "tp1.bin")
-                err = run_eval(args.qinfer, model, ids, args.device, 1, args.mode, one)
+                err = run_eval(args.qinfer, model, ids, args.device, 1, args.mode, args.precision, one)
                 if err:
                     print(f"| {name} | {i} | {len(ids)} | 1 | error: {err} | | |")
                     failures += 1
@@ -78,7 +79,7 @@ def main():
                 base = load(one, cols)
                 for n in sizes:
                     path = os.path.join(tmp, f"tp{n}.bin")
-                    err = run_eval(args.qinfer, model, ids, args.device, n, args.mode, path)
+                    err = run_eval(args.qinfer, model, ids, args.device, n, args.mode, args.precision, path)
                     if err:
                         print(f"| {name} | {i} | {len(ids)} | {n} | error: {err} | | |")
                         failures += 1
