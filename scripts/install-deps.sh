@@ -8,7 +8,7 @@ packages=(
   nlohmann-json3-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libopenblas-dev
   libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev python3
 )
 
 missing=()
