@@ -46,6 +46,14 @@ std::string model_or_default(const std::string& model) {
 namespace {
 // --precision of this process's command (one command runs per process).
 bool exact_precision = false;
+
+// N of "cuda" (0) or "cuda:N".
+int cuda_index(const std::string& device) {
+  const std::string index = device.size() > 5 ? device.substr(5) : "0";
+  QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
+               "--device {}: expected cuda or cuda:N with N a GPU index", device);
+  return std::stoi(index);
+}
 }  // namespace
 
 std::unique_ptr<Ops> make_ops(const std::string& device) {
@@ -53,10 +61,7 @@ std::unique_ptr<Ops> make_ops(const std::string& device) {
   if (device == "ref") return make_ref_ops();
   if (device == "cuda" || device.starts_with("cuda:")) {
 #ifdef QINFER_HAVE_CUDA
-    const std::string index = device.size() > 5 ? device.substr(5) : "0";
-    QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
-                 "--device {}: expected cuda or cuda:N with N a GPU index", device);
-    return make_cuda_ops(std::stoi(index), exact_precision ? Precision::exact : Precision::fast);
+    return make_cuda_ops(cuda_index(device), exact_precision ? Precision::exact : Precision::fast);
 #else
     fail("--device {}: this build has no CUDA backend (configure with -DQINFER_CUDA=ON where nvcc is installed)",
          device);
@@ -67,10 +72,7 @@ std::unique_ptr<Ops> make_ops(const std::string& device) {
 
 std::string rank_device(const std::string& device, int rank) {
   if (!(device == "cuda" || device.starts_with("cuda:"))) return device;
-  const std::string index = device.size() > 5 ? device.substr(5) : "0";
-  QINFER_CHECK(!index.empty() && index.size() < 4 && index.find_first_not_of("0123456789") == std::string::npos,
-               "--device {}: expected cuda or cuda:N with N a GPU index", device);
-  return fmt::format("cuda:{}", std::stoi(index) + rank);
+  return fmt::format("cuda:{}", cuda_index(device) + rank);
 }
 
 std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint& checkpoint, const std::string& device,
