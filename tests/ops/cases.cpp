@@ -210,10 +210,9 @@ void add_linear_mma(std::vector<Case>& cases) {
   }
 }
 
-// The one-token affine 4/8-bit GEMV (gemv_affine.cu): rows of one chunk to thousands (in = 60032:
-// many chunks per lane); each row split over 1 (in = 256, out = 8500), 2, 4 or 8 warps, slices with
-// no chunk (in = 64); short row groups and groups past the last row; x magnitudes from 1e-23 to 1e24
-// (each x chunk gets its own exponent).
+// The one-token affine 4/8-bit GEMV (gemv_affine.cu): rows of one chunk to tens of thousands, row
+// lengths from one chunk to many per lane (in = 60032: past what the kernel takes, so the tiles run),
+// short row tiles, x magnitudes from 1e-23 to 1e24 (each x chunk gets its own exponent).
 // Through linear_many: matrices of one layout in one launch (rows of each past a tile's end), and
 // mixed group sizes (matrix by matrix).
 void add_linear_gemv_affine(std::vector<Case>& cases) {
