@@ -1,6 +1,8 @@
 // What every backend shares: transfers between host memory and a backend's, with the host
 // backends' implementation (a memcpy) as the default, linear_many and rms_norm_rope_store as the ops they
 // stand for.
+#include <fmt/ranges.h>
+
 #include <cstring>
 
 #include "backend/ops.h"
@@ -22,6 +24,15 @@ void Ops::linear_many(const Tensor& x, const std::vector<const Weight*>& ws, con
                "{} linear_many: {} matrices and {} outputs (expected 1 to 4 of each, as many outputs as matrices)",
                name(), ws.size(), ys.size());
   for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
+}
+
+void Ops::linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, Tensor& out) {
+  QINFER_CHECK(x.rank() == 2 && gate.shape().size() == 2 && gate.shape() == up.shape(),
+               "{} linear_swiglu: gate [{}] and up [{}] must be matrices of one shape, x [T, in]", name(),
+               fmt::join(gate.shape(), ", "), fmt::join(up.shape(), ", "));
+  Tensor g = alloc(DType::f32, {x.dim(0), gate.shape()[0]}), u = alloc(DType::f32, {x.dim(0), up.shape()[0]});
+  linear_many(x, {&gate, &up}, {&g, &u});
+  silu_mul(g, u, out);
 }
 
 void Ops::rms_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_w, const Tensor& k_w, float eps,

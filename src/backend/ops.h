@@ -101,6 +101,10 @@ class Ops {
   // ys[i] = x · ws[i]ᵀ for matrices that read the same x (q/k/v, gate/up, GDN input projections;
   // at most 4). A device backend runs a decode step's as one launch; host backends call linear.
   virtual void linear_many(const Tensor& x, const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys);
+  // out = silu(x · gateᵀ) · (x · upᵀ), the SwiGLU MLP's first half. gate, up [I,in] (dense or
+  // quantized); out f32 [T,I]. A device backend runs a decode step's as one launch (each block owns
+  // rows of both matrices); host backends call linear_many and silu_mul.
+  virtual void linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, Tensor& out);
   // y = x / sqrt(mean(x²) + eps) · w over the last dim D. x, y f32 [N,D] (may alias); w f32 [D].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // x += delta, then y = rms_norm(x) · w (the residual add fused with the next pre-norm).

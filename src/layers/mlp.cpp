@@ -9,10 +9,9 @@ Mlp Mlp::load(const WeightLoader& w, const std::string& prefix) {
 
 void Mlp::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const {
   const int64_t T = x.dim(0), I = gate_proj.shape()[0];
-  Tensor gate = ctx.alloc({T, I}), up = ctx.alloc({T, I});
-  ctx.ops.linear_many(x, {&gate_proj, &up_proj}, {&gate, &up});
-  ctx.ops.silu_mul(gate, up, gate);
-  ctx.ops.linear(gate, down_proj, out);
+  Tensor act = ctx.alloc({T, I});
+  ctx.ops.linear_swiglu(x, gate_proj, up_proj, act);
+  ctx.ops.linear(act, down_proj, out);
 }
 
 Moe Moe::load(const WeightLoader& w, const std::string& prefix, const io::TextConfig& c) {

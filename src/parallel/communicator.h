@@ -22,6 +22,13 @@ class Communicator {
   // t (f32, in `ops`' memory) becomes the element-wise sum of every rank's t. Every rank calls it
   // with the same shape, in the same order; every rank ends with the same values.
   virtual void all_reduce_sum(Ops& ops, Tensor& t) = 0;
+  // Returns once this rank's collectives so far have completed (they may run after all_reduce_sum
+  // returns). The group's driver calls it at the end of every forward, so that no rank's device
+  // still waits on a peer when the ranks go their own ways.
+  virtual void finish(Ops& ops) { (void)ops; }
+  // Called from any thread once another rank has failed: releases this rank's collectives in
+  // flight (on the device too) and fails every later one, so that no rank waits for the failed one.
+  virtual void abort() {}
 };
 
 // N ranks as threads sharing host memory. Sums run over ranks 0..N-1 in that order on every rank,

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_ops.h"
@@ -39,6 +40,11 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, int dev
   QINFER_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor parallel {}: rank {} is not in 0..{}", size, rank,
                size - 1);
   check(cudaSetDevice(device), "cudaSetDevice", rank);
+  // Every connection is made here, while no rank has work queued: NCCL otherwise connects a
+  // protocol at its first collective, allocating device memory on this rank's thread while a peer's
+  // thread may hold the driver waiting on a device that waits on this rank (one process, one thread
+  // per rank). A value the user set is kept.
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   ncclUniqueId unique;
   std::memcpy(&unique, id.bytes.data(), sizeof(unique));
   ncclComm_t comm = nullptr;
@@ -47,17 +53,26 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, int dev
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (void* comm = comm_.exchange(nullptr)) ncclCommDestroy(static_cast<ncclComm_t>(comm));
+}
+
+void NcclCommunicator::abort() {
+  if (void* comm = comm_.exchange(nullptr)) ncclCommAbort(static_cast<ncclComm_t>(comm));
 }
 
 void NcclCommunicator::all_reduce_sum(Ops& ops, Tensor& t) {
   QINFER_CHECK(t.dtype == DType::f32 && t.device == Device::cuda,
                "all_reduce_sum: rank {} gave a {} tensor in {} memory; NCCL reduces f32 device tensors", rank_,
                name(t.dtype), t.device == Device::cuda ? "device" : "host");
+  if (!cuda::enqueues(ops)) return;
+  void* comm = comm_.load();
+  QINFER_CHECK(comm != nullptr, "tensor parallel rank {}: the group was stopped after another rank failed", rank_);
   check(cudaSetDevice(device_), "cudaSetDevice", rank_);
   check(ncclAllReduce(t.data, t.data, static_cast<size_t>(t.numel()), ncclFloat32, ncclSum,
-                      static_cast<ncclComm_t>(comm_), cuda::stream_of(ops)),
+                      static_cast<ncclComm_t>(comm), cuda::stream_of(ops)),
         "ncclAllReduce", rank_);
 }
+
+void NcclCommunicator::finish(Ops& ops) { cuda::finish(ops); }
 
 }  // namespace qinfer::parallel

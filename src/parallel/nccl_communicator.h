@@ -4,6 +4,7 @@
 // CUDA toolkit ships NCCL (QINFER_HAVE_NCCL). NVLink multicast is left as the environment sets it
 // (NCCL_NVLS_ENABLE); nothing here creates multicast objects.
 #include <array>
+#include <atomic>
 
 #include "parallel/communicator.h"
 
@@ -28,10 +29,14 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   // In place on `ops`' stream (a cuda Ops on this rank's device); returns without waiting for it.
+  // Inside a recorded step it is captured with the step's kernels, and a replay (whose graph holds
+  // it) enqueues nothing.
   void all_reduce_sum(Ops& ops, Tensor& t) override;
+  void finish(Ops& ops) override;
+  void abort() override;
 
  private:
-  void* comm_ = nullptr;  // ncclComm_t
+  std::atomic<void*> comm_{nullptr};  // ncclComm_t; null once aborted
   int rank_, size_, device_;
 };
 

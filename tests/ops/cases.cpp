@@ -803,6 +803,37 @@ void add_linear_many(std::vector<Case>& cases) {
   }
 }
 
+// The SwiGLU MLP's gate and up halves as one op: one launch per decode token on a device backend
+// (odd row counts leave a block half full), linear_many + silu_mul otherwise (several tokens,
+// quantized matrices).
+void add_linear_swiglu(std::vector<Case>& cases) {
+  struct Shape { int64_t T, in, I; bool quantized; };
+  const Shape shapes[] = {{1, 256, 96, false}, {1, 4096, 33, false}, {1, 136, 7, false},
+                          {1, 1024, 9, false}, {3, 256, 40, false},  {1, 256, 65, true}};
+  for (DType dt : kWeightTypes) {
+    for (const Shape& s : shapes) {
+      cases.push_back({"linear_swiglu", fmt::format("{} T={} in={} I={}", s.quantized ? "affine 4-bit" : name(dt), s.T,
+                                                    s.in, s.I),
+                       [=](Run& r) {
+                         Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.in});
+                         auto make = [&] {
+                           return s.quantized ? random_quantized(r.rng, {quant::Mode::affine, 4, 64}, {s.I, s.in})
+                                              : Weight(random_tensor(r.rng, dt, {s.I, s.in}, 0.5f));
+                         };
+                         const Weight gate = make(), up = make();
+                         Tensor want = host_tensor(DType::f32, {s.T, s.I});
+                         r.ref.linear_swiglu(x, gate, up, want);
+                         Tensor got = r.dut.alloc(DType::f32, {s.T, s.I});
+                         auto on_device = [&](const Weight& w) {
+                           return w.quantized() ? put_weight(r, w) : Weight(r.put(w.dense));
+                         };
+                         r.dut.linear_swiglu(r.put(x), on_device(gate), on_device(up), got);
+                         r.compare("out", got, want, kTol);
+                       }});
+    }
+  }
+}
+
 // q/k norms, rotation and the KV write of one attention layer as one op: partial rotary_dim (Qwen3-
 // Next / 3.5), MRoPE sections, GQA, decode and prefill batches over shuffled pages.
 void add_rms_norm_rope_store(std::vector<Case>& cases) {
@@ -864,6 +895,7 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   add_linear(cases);
   add_linear_many(cases);
+  add_linear_swiglu(cases);
   add_linear_quantized(cases);
   add_linear_mma(cases);
   add_linear_gemv_affine(cases);

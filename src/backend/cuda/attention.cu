@@ -273,6 +273,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   constexpr int kStages = S::kStages;
   constexpr int kChunksPerLookup = kWarp / kChunk;  // chunks whose pool rows one lane-wide lookup finds
   constexpr unsigned kAll = 0xFFFFFFFFu;
+  allow_next_kernel();
+  wait_for_previous_kernel();
   extern __shared__ float4 decode_smem[];
   float* smem = reinterpret_cast<float*>(decode_smem);
 
@@ -480,6 +482,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     decode_combine_kernel(const float* __restrict__ partial, int splits, int64_t slice, float* __restrict__ out) {
   using S = DecodeShape<HD>;
   constexpr int kPerLane = kAttentionDecodeMaxSplits / kWarp;
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int lane = threadIdx.x % kWarp;
   const int64_t th = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp;
   if (th >= slice) return;
@@ -535,13 +539,13 @@ void launch_decode(const float* q, const float* pool_k, const float* pool_v, con
   const dim3 grid(static_cast<unsigned>(layout.num_tiles), static_cast<unsigned>(kv_heads),
                   static_cast<unsigned>(splits));
   const float scale_log2 = scale * 1.44269504f;  // log2(e)
-  kernel<<<grid, kDecodeThreads, bytes, stream>>>(q, pool_k, pool_v, layout, static_cast<int>(heads),
-                                                  static_cast<int>(kv_heads), scale_log2, splits, T, partial, out);
+  launch_overlapped(kernel, grid, kDecodeThreads, bytes, stream, q, pool_k, pool_v, layout, static_cast<int>(heads),
+                    static_cast<int>(kv_heads), scale_log2, splits, T, partial, out);
   QINFER_CUDA_CHECK_LAUNCH("attention_decode_kernel<<<>>>");
   if (splits > 1) {
     const int64_t slice = T * heads;
     const auto blocks = static_cast<unsigned>((slice + kDecodeWarps - 1) / kDecodeWarps);
-    decode_combine_kernel<HD><<<blocks, kDecodeThreads, 0, stream>>>(partial, splits, slice, out);
+    launch_overlapped(decode_combine_kernel<HD>, blocks, kDecodeThreads, 0, stream, partial, splits, slice, out);
     QINFER_CUDA_CHECK_LAUNCH("decode_combine_kernel<<<>>>");
   }
 }

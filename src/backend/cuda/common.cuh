@@ -69,6 +69,63 @@ __device__ __forceinline__ void report(DeviceStatus* status, int32_t code, int64
   }
 }
 
+// Programmatic dependent launch (sm_90 and later). A kernel started with launch_overlapped may begin
+// while the kernel before it in the stream still runs (its launch and its first loads, such as
+// weights, overlap that kernel's tail: a decode step is hundreds of short kernels). Every such
+// kernel calls wait_for_previous_kernel() before it touches memory an earlier kernel writes or
+// reads (on every path, so that its end implies the end of all before it), and may call
+// allow_next_kernel() to let the following kernel start early in turn.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Loads of what an earlier kernel wrote, in kernels started with launch_overlapped. __ldg's
+// read-only path is for memory that does not change while the kernel runs, and the compiler may
+// serve or hoist such loads ahead of wait_for_previous_kernel(); these are plain loads, kept after it
+// (volatile asm keeps its order).
+__device__ __forceinline__ float load_after_wait(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float2 load_after_wait(const float2* p) {
+  float2 v;
+  asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float4 load_after_wait(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) as a programmatic dependent launch.
+template <typename... Params, typename... Args>
+void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                       Args... args) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  QINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
+
 // Blocks for a grid-stride loop over n items: enough to fill the device, never zero, never past the
 // grid limit (the loop covers the rest).
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 4096) {

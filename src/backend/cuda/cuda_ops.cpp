@@ -254,6 +254,8 @@ class CudaOps final : public Ops {
     // A blocking stream: work on the legacy default stream (to_host's copies) orders after it.
     QINFER_CUDA_CHECK(cudaStreamCreate(&stream_->stream));
     QINFER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&status_), sizeof(DeviceStatus)));
+    QINFER_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&status_host_), sizeof(DeviceStatus), cudaHostAllocDefault));
+    QINFER_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&readback_host_), kReadbackBytes, cudaHostAllocDefault));
     QINFER_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream()));
     check_cublas(cublasCreate(&cublas_), "cublasCreate");
     check_cublas(cublasSetStream(cublas_, stream()), "cublasSetStream");
@@ -276,6 +278,8 @@ class CudaOps final : public Ops {
     }
     if (cublas_) cublasDestroy(cublas_);
     if (status_) cudaFree(status_);
+    if (status_host_) cudaFreeHost(status_host_);
+    if (readback_host_) cudaFreeHost(readback_host_);
   }
 
   std::string_view name() const override { return "cuda"; }
@@ -389,8 +393,8 @@ class CudaOps final : public Ops {
     }
     const cudaMemcpyKind kind = from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                                             : cudaMemcpyHostToDevice;
+    if (!to_device) return read_back(dst.data, src.data, bytes);
     QINFER_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, kind, stream()));
-    if (!to_device) synchronize();
   }
 
   void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override {
@@ -446,6 +450,25 @@ class CudaOps final : public Ops {
     enter();
     if (replaying() || T == 0) return;
     launch_gemv_batch(x.ptr<float>(), T, batch, stream());
+  }
+
+  void linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, Tensor& out) override {
+    check_f32("linear_swiglu", "x", x, 2);
+    if (x.dim(0) == 1) {
+      const WeightView g = view("linear_swiglu", "gate", gate, 2), u = view("linear_swiglu", "up", up, 2);
+      if (gemv_swiglu_fits(x.ptr<float>(), g, u)) {
+        QINFER_CHECK(g.in == x.dim(1), "cuda linear_swiglu: gate {} does not take inputs of width {}",
+                     shape_str(gate.shape()), x.dim(1));
+        check_f32("linear_swiglu", "out", out, 2);
+        check_shape("linear_swiglu", "out", out, {1, g.rows});
+        check_distinct("linear_swiglu", "out", out, "x", x);
+        enter();
+        if (replaying()) return;
+        launch_gemv_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), stream());
+        return;
+      }
+    }
+    Ops::linear_swiglu(x, gate, up, out);
   }
 
   void linear(const Tensor& x, const Weight& weight, Tensor& y) override {
@@ -772,9 +795,7 @@ class CudaOps final : public Ops {
       const int64_t tokens = std::min(chunk, T - t0), slots = tokens * k;
       const int32_t* chunk_ids = ids + t0 * k;
       launch_moe_sort(chunk_ids, slots, t0 * k, E, row_align, sort.as<int32_t>(), slot_row, meta, status_, stream());
-      QINFER_CUDA_CHECK(
-          cudaMemcpyAsync(counts.data(), meta, counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream()));
-      synchronize();  // throws for an expert id out of range
+      read_back(counts.data(), meta, counts.size() * sizeof(int32_t));  // throws for an expert id out of range
       const int64_t rows = counts[2 * E];
       int64_t max_padded = 0;
       for (int64_t e = 0; e < E; ++e) max_padded = std::max(max_padded, round_up(counts[e], row_align));
@@ -1015,6 +1036,12 @@ class CudaOps final : public Ops {
     mode_ = Mode::eager;
   }
 
+  bool replaying_step() const { return replaying(); }
+  void finish() {
+    enter();
+    synchronize();
+  }
+
   // Greedy rows without penalties are picked on the device (one id per row comes back); any other
   // setting copies the logits to the host and runs sampling.h's definition there.
   void sample(const Tensor& logits, const std::vector<SamplingParams>& params,
@@ -1037,10 +1064,7 @@ class CudaOps final : public Ops {
       out.resize(rows);
       Scratch ids(static_cast<size_t>(rows) * sizeof(int32_t), stream());
       launch_argmax_rows(logits.ptr<float>(), rows, vocab, ids.as<int32_t>(), stream());
-      if (rows > 0)
-        QINFER_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids.as<int32_t>(), static_cast<size_t>(rows) * sizeof(int32_t),
-                                          cudaMemcpyDeviceToHost, stream()));
-      synchronize();
+      read_back(out.data(), ids.as<int32_t>(), static_cast<size_t>(rows) * sizeof(int32_t));
       return;
     }
     Tensor host = host_tensor(DType::f32, logits.shape);
@@ -1114,10 +1138,13 @@ class CudaOps final : public Ops {
   Scratch scratch(size_t bytes) { return Scratch(replaying() ? 0 : bytes, stream()); }
 
   // Waits for the stream, then throws if a kernel reported a bad index.
+  // Host memory is only ever written from pinned buffers: a copy into pageable memory waits for the
+  // device inside the driver, where it blocks other threads' driver calls, and with a tensor-parallel
+  // rank's collectives queued that device waits for those threads (ranks share this process).
   void synchronize() {
-    DeviceStatus status;
-    QINFER_CUDA_CHECK(cudaMemcpyAsync(&status, status_, sizeof status, cudaMemcpyDeviceToHost, stream()));
+    QINFER_CUDA_CHECK(cudaMemcpyAsync(status_host_, status_, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream()));
     QINFER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    const DeviceStatus status = *status_host_;
     if (status.code == kStatusOk) return;
     QINFER_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream()));
     if (status.code == kStatusEmbeddingId)
@@ -1126,6 +1153,19 @@ class CudaOps final : public Ops {
       fail("cuda moe_experts: ids (flat index {}) = {} is outside the {} experts", status.index, status.value,
            status.limit);
     fail("cuda: a kernel reported error code {}", status.code);
+  }
+
+  // `bytes` of device memory at src into host memory at dst, after the work queued before; then
+  // synchronize()'s check.
+  void read_back(void* dst, const void* src, size_t bytes) {
+    for (size_t done = 0; done < bytes; done += kReadbackBytes) {
+      const size_t n = std::min(kReadbackBytes, bytes - done);
+      QINFER_CUDA_CHECK(cudaMemcpyAsync(readback_host_, static_cast<const char*>(src) + done, n,
+                                        cudaMemcpyDeviceToHost, stream()));
+      QINFER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+      std::memcpy(static_cast<char*>(dst) + done, readback_host_, n);
+    }
+    synchronize();
   }
 
   void check_rows(std::string_view op, const Tensor& x, const Tensor& y) {
@@ -1344,6 +1384,9 @@ class CudaOps final : public Ops {
   cudaEvent_t upload_done_[2] = {nullptr, nullptr};
   int next_upload_buffer_ = 0;
   char* staging_host_ = nullptr;    // pinned
+  DeviceStatus* status_host_ = nullptr;  // pinned
+  static constexpr size_t kReadbackBytes = size_t{4} << 20;
+  char* readback_host_ = nullptr;  // pinned
   char* staging_device_ = nullptr;
   cudaEvent_t replay_done_ = nullptr;
   std::vector<int32_t> blob_, tiles_, recurrent_seqs_, chunked_seqs_;
@@ -1379,6 +1422,10 @@ void copy_columns(Ops& ops, const Tensor& src, int64_t src_col, Tensor& dst, int
 }
 
 CUstream_st* stream_of(Ops& ops) { return cuda_ops(ops, "cuda::stream_of").stream(); }
+
+bool enqueues(Ops& ops) { return !cuda_ops(ops, "cuda::enqueues").replaying_step(); }
+
+void finish(Ops& ops) { cuda_ops(ops, "cuda::finish").finish(); }
 
 }  // namespace qinfer::cuda
 

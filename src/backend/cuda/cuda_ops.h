@@ -37,5 +37,10 @@ void copy(Ops& ops, const Tensor& src, Tensor& dst);
 void copy_columns(Ops& ops, const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
 // The stream every op of `ops` (a cuda Ops) is enqueued on: collectives (NCCL) join it.
 CUstream_st* stream_of(Ops& ops);
+// False while `ops` replays a recorded step: the step's graph already holds its work, so work that
+// joins stream_of(ops) from outside the ops (collectives) must not be enqueued again.
+bool enqueues(Ops& ops);
+// Returns once the work queued on `ops` has run; throws if a kernel reported a bad index.
+void finish(Ops& ops);
 
 }  // namespace qinfer::cuda

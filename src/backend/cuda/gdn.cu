@@ -11,6 +11,8 @@ constexpr int kThreads = 256;
 // slot's window. Reads only: the windows move on in the next kernel.
 __global__ void conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w, SeqArrays L, int64_t T,
                               int64_t C, int K, const float* __restrict__ conv_state, float* __restrict__ out) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int window = K - 1;
   for (int64_t idx = blockIdx.x * int64_t{kThreads} + threadIdx.x; idx < T * C; idx += int64_t{gridDim.x} * kThreads) {
     const int64_t t = idx / C, c = idx % C;
@@ -30,6 +32,8 @@ __global__ void conv1d_kernel(const float* __restrict__ x, const float* __restri
 // Each (sequence, channel) keeps its last K − 1 frames of [old window | sequence]. Frame i of the new
 // window is frame len + i of that concatenation: ascending i only reads frames not yet overwritten.
 __global__ void conv1d_window_kernel(const float* __restrict__ x, SeqArrays L, int64_t C, int K, float* conv_state) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int window = K - 1;
   for (int64_t idx = blockIdx.x * int64_t{kThreads} + threadIdx.x; idx < L.num_seqs * C;
        idx += int64_t{gridDim.x} * kThreads) {
@@ -58,6 +62,8 @@ __global__ void __launch_bounds__(kDeltaWarps* kWarp, 4)
                            const float* __restrict__ g, const float* __restrict__ beta, SeqArrays L,
                            const int32_t* __restrict__ seqs, int64_t Hk, int64_t Hv, int Dk, int Dv,
                            float* __restrict__ state, float* __restrict__ out) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int s = seqs[blockIdx.x];
   const int64_t h = blockIdx.y, kh = h / (Hv / Hk);
@@ -125,12 +131,12 @@ void launch_conv1d_causal(const float* x, const float* w, const SeqArrays& layou
                           float* conv_state, float* out, cudaStream_t stream) {
   if (C == 0) return;
   if (T > 0) {
-    conv1d_kernel<<<grid_for(T * C, kThreads), kThreads, 0, stream>>>(x, w, layout, T, C, static_cast<int>(K),
+    launch_overlapped(conv1d_kernel, grid_for(T * C, kThreads), kThreads, 0, stream, x, w, layout, T, C, static_cast<int>(K),
                                                                        conv_state, out);
     QINFER_CUDA_CHECK_LAUNCH("conv1d_kernel<<<>>>");
   }
   if (K > 1 && layout.num_seqs > 0) {
-    conv1d_window_kernel<<<grid_for(layout.num_seqs * C, kThreads), kThreads, 0, stream>>>(x, layout, C,
+    launch_overlapped(conv1d_window_kernel, grid_for(layout.num_seqs * C, kThreads), kThreads, 0, stream, x, layout, C,
                                                                                            static_cast<int>(K), conv_state);
     QINFER_CUDA_CHECK_LAUNCH("conv1d_window_kernel<<<>>>");
   }
@@ -144,7 +150,7 @@ void launch_delta_rule_recurrent(const float* q, const float* k, const float* v,
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(Hv),
                   static_cast<unsigned>((Dv + kDeltaRowsPerBlock - 1) / kDeltaRowsPerBlock));
   auto launch = [&](auto kernel) {
-    kernel<<<grid, kDeltaWarps * kWarp, 0, stream>>>(q, k, v, g, beta, layout, seqs, Hk, Hv, static_cast<int>(Dk),
+    launch_overlapped(kernel, grid, kDeltaWarps * kWarp, 0, stream, q, k, v, g, beta, layout, seqs, Hk, Hv, static_cast<int>(Dk),
                                                      static_cast<int>(Dv), state, out);
   };
   if (Dk <= 32) launch(delta_recurrent_kernel<1>);

@@ -2,19 +2,21 @@
 // several matrices reading the same x (q/k/v, gate/up) share one launch.
 //
 // A code masked in place at bit p (< 16) of a 16-bit half of its word is, as f32 bits, the denormal
-// q·2^(p−149): exact, one AND per element and no offset to subtract. Each thread holds its share of x
-// in registers with each element multiplied by 2^(S−p) for the bit position p its code sits at, so
-// one FMA per element adds the exact product q·x·2^(S−149) and only the f32 sum rounds (as in a plain
-// dot). S is chosen per 16-byte chunk of codes from its x's largest magnitude, which keeps those
-// products normal (≈ 2^-24 for the largest) and x·2^S finite; the chunk's 2^(149−S) is folded into
-// the group scale. Limits: |x| or |s·x| beyond ~2^100 overflows, and a chunk whose largest |x| is
-// below ~2^-80 keeps less than f32 precision in its own (negligible) share of the sum; no activation
-// comes near either.
+// q·2^(p−149): exact, one AND per element and no offset to subtract. x is read with each element
+// multiplied by 2^(S−p) for the bit position p its code sits at, so one FMA per element adds the
+// exact product q·x·2^(S−149) and only the f32 sum rounds (as in a plain dot). S is chosen per
+// 16-byte chunk of codes from its x's largest magnitude, which keeps those products normal (≈ 2^-24
+// for the largest) and x·2^S finite; the chunk's 2^(149−S) is folded into the group scale. Limits:
+// |x| or |s·x| beyond ~2^100 overflows, and a chunk whose largest |x| is below ~2^-80 keeps less than
+// f32 precision in its own (negligible) share of the sum; no activation comes near either.
 //
-// A block's threads split the row length: thread i owns chunks i, i + blockDim, … (coalesced 512-byte
-// warp loads) and prepares their x once, then the block walks row tiles (every matrix of the batch)
-// with a grid stride, loading the next tile while it adds this one. A tile's per-warp sums meet in
-// shared memory and are added in a fixed order, so results depend on neither grid nor scheduling.
+// A small kernel writes that pre-scaled x once per call (with each chunk's 2^(149−S) and Σx) to
+// stream-ordered scratch; the main kernel is launched as its programmatic dependent, so its first
+// code loads go out while x is prepared. In the main kernel a warp owns kRows rows and a slice of the row length
+// (the block's warps split the row, as in gemv_dense.cu, so that few rows still spread over every
+// SM): each lane loads one chunk of all kRows rows at once and reads its x once for all of them.
+// Warps' partial sums meet in shared memory and are added in a fixed order: results depend on
+// neither grid nor scheduling.
 #include <cuda_fp16.h>
 
 #include <array>
@@ -25,9 +27,11 @@
 namespace qinfer::cuda {
 namespace {
 
-// x in registers: a thread owns one or two 16-byte chunks of codes (32 to 64 values of x), which
-// takes rows of up to 2·kMaxThreads chunks (32768 4-bit or 16384 8-bit inputs).
-constexpr int kMaxThreads = 512;
+constexpr int kWarps = 8;
+constexpr int kRows = 8;  // rows per warp: kRows 16-byte loads in flight per lane
+// Two blocks per SM within 128 registers a thread, no spills: 16 warps × 32 lanes × kRows·16 code
+// bytes = 64 KiB in flight per SM, what Little's law asks at ~4.3 TB/s.
+constexpr int kBlocksPerSm = 2;
 
 // How affine scales and biases are stored: Raw is loaded, decode gives the f32 value.
 struct ScaleF32 {
@@ -52,17 +56,18 @@ struct Layout {
   static constexpr uint32_t kMask = (1u << kBits) - 1u;
 };
 
-// The matrices of one launch, sharing x and its quantization layout: matrix i owns row tiles
-// [first_tile[i], first_tile[i + 1]).
+// The matrices of one launch, sharing x and its quantization layout: matrix i owns blocks
+// [first_block[i], first_block[i + 1]); a block's warps form kWarps / split row groups of kRows
+// rows, each row split into `split` slices.
 struct AffineBatch {
-  int count, chunks, group_shift;  // chunks: 16-byte code chunks per row
-  int64_t row_bytes, groups;       // per row
+  int count, split, group_shift;
+  int64_t chunks, row_bytes, groups;  // per row; chunks: 16-byte code chunks
   const char* codes[kMaxGemvMatrices];
   const void* scales[kMaxGemvMatrices];
   const void* biases[kMaxGemvMatrices];
   float* y[kMaxGemvMatrices];
   int64_t rows[kMaxGemvMatrices];
-  int64_t first_tile[kMaxGemvMatrices + 1];
+  int64_t first_block[kMaxGemvMatrices + 1];
 };
 
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
@@ -74,163 +79,127 @@ __device__ __forceinline__ void load_chunk(const char* p, uint32_t (&dst)[4]) {
                : "l"(p));
 }
 
-// One chunk's x as the dot reads it: x_k·2^(S−p_k), and 2^(149−S) and Σx (in a fixed order).
+// Chunk c's x as the dot reads it: xs[k] = x_k·2^(S−p_k), and meta = (2^(149−S), Σx in a fixed order).
 template <int kBits>
-struct ChunkX {
-  float v[Layout<kBits>::kChunk];
-  float unscale, sum;
-};
-
-template <int kBits>
-__device__ __forceinline__ void prepare_chunk(const float* __restrict__ x, ChunkX<kBits>& out) {
+__global__ void __launch_bounds__(256) prepare_x_kernel(const float* __restrict__ x, int64_t chunks,
+                                                        float* __restrict__ xs, float2* __restrict__ meta) {
   using L = Layout<kBits>;
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= chunks) return;
+  float v[L::kChunk];
 #pragma unroll
   for (int i = 0; i < L::kChunk / 4; ++i) {
-    const float4 f = __ldg(reinterpret_cast<const float4*>(x) + i);
-    out.v[4 * i] = f.x, out.v[4 * i + 1] = f.y, out.v[4 * i + 2] = f.z, out.v[4 * i + 3] = f.w;
+    const float4 f = load_after_wait(reinterpret_cast<const float4*>(x + c * L::kChunk) + i);
+    v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
   }
   float top = 0.0f, sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < L::kChunk; ++i) top = fmaxf(top, fabsf(out.v[i])), sum += out.v[i];
+  for (int i = 0; i < L::kChunk; ++i) top = fmaxf(top, fabsf(v[i])), sum += v[i];
   // |x| < 2^(e − 126) for biased exponent e, so |x|·2^S < 2^126 with S = 252 − e; S ≤ 127 keeps
   // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite.
   const int e = static_cast<int>(__float_as_uint(top) >> 23);
   const int S = min(max(252 - e, 22), 127);
 #pragma unroll
-  for (int i = 0; i < L::kChunk; ++i) out.v[i] *= pow2(S - kBits * (i % L::kHalfCodes));
-  out.unscale = pow2(149 - S);
-  out.sum = sum;
+  for (int i = 0; i < L::kChunk / 4; ++i) {
+    float4 f;
+    f.x = v[4 * i] * pow2(S - kBits * ((4 * i) % L::kHalfCodes));
+    f.y = v[4 * i + 1] * pow2(S - kBits * ((4 * i + 1) % L::kHalfCodes));
+    f.z = v[4 * i + 2] * pow2(S - kBits * ((4 * i + 2) % L::kHalfCodes));
+    f.w = v[4 * i + 3] * pow2(S - kBits * ((4 * i + 3) % L::kHalfCodes));
+    reinterpret_cast<float4*>(xs + c * L::kChunk)[i] = f;
+  }
+  meta[c] = make_float2(pow2(149 - S), sum);
 }
 
-// One tile's loads: kRows rows × kK chunks of codes, with each chunk's group scale and bias.
-template <class Scale, int kRows, int kK>
-struct Tile {
-  uint32_t codes[kRows][kK][4];
-  typename Scale::Raw scale[kRows][kK], bias[kRows][kK];
-};
-
-// The matrix of tile t and the tile's first row.
-__device__ __forceinline__ int tile_matrix(const AffineBatch& b, int64_t t, int64_t& row0, int rows_per_tile) {
-  int m = 0;
-  while (m + 1 < b.count && t >= b.first_tile[m + 1]) ++m;
-  row0 = (t - b.first_tile[m]) * rows_per_tile;
-  return m;
-}
-
-// kK chunks per thread, tiles of kRows rows.
-template <int kBits, class Scale, int kK, int kRows>
-__global__ void __launch_bounds__(kMaxThreads) gemv_affine_kernel(const float* __restrict__ x,
-                                                                   const __grid_constant__ AffineBatch b) {
+template <int kBits, class Scale>
+__global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
+    gemv_affine_kernel(const float* __restrict__ xs, const float2* __restrict__ meta,
+                       const __grid_constant__ AffineBatch b) {
   using L = Layout<kBits>;
   using Raw = typename Scale::Raw;
-  __shared__ float partial[2][kMaxThreads / kWarp][kRows];  // by tile parity: one barrier per tile
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  const int64_t tiles = b.first_tile[b.count], stride = gridDim.x;
+  __shared__ float partial[kWarps][kRows];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  int m = 0;
+  while (m + 1 < b.count && blockIdx.x >= b.first_block[m + 1]) ++m;
+  const int row_groups = kWarps / b.split, row_group = warp / b.split, slice = warp % b.split;
+  const int64_t block_row0 = (static_cast<int64_t>(blockIdx.x) - b.first_block[m]) * row_groups * kRows;
+  const int64_t rows = b.rows[m], row0 = block_row0 + static_cast<int64_t>(row_group) * kRows;
+  // Warp `warp` takes chunks [begin, end) of its rows; a short last group re-reads its last row
+  // (and drops those sums), a group past the matrix's end reads nothing.
+  const int64_t begin = b.chunks * slice / b.split, end = row0 < rows ? b.chunks * (slice + 1) / b.split : begin;
+  const int live = static_cast<int>(rows - row0 < kRows ? rows - row0 : kRows);
+  const char* codes = b.codes[m] + row0 * b.row_bytes;
+  const Raw* scales = static_cast<const Raw*>(b.scales[m]) + row0 * b.groups;
+  const Raw* biases = static_cast<const Raw*>(b.biases[m]) + row0 * b.groups;
 
-  bool owns[kK];
-  int64_t code_offset[kK], group[kK];
-#pragma unroll
-  for (int k = 0; k < kK; ++k) {
-    const int c = threadIdx.x + k * blockDim.x;
-    owns[k] = c < b.chunks;
-    code_offset[k] = static_cast<int64_t>(c) * 16;
-    group[k] = (static_cast<int64_t>(c) * L::kChunk) >> b.group_shift;
-  }
-  // A short last tile reads its matrix's last row again and drops those sums.
-  auto fetch = [&](int64_t t, Tile<Scale, kRows, kK>& s) {
-    if (t >= tiles) return;
-    int64_t row0;
-    const int m = tile_matrix(b, t, row0, kRows);
+  float acc[kRows] = {};
+  uint32_t raw[kRows][4];
+  Raw scale[kRows], bias[kRows];
+  auto load = [&](int64_t c) {
+    const int64_t group = (c * L::kChunk) >> b.group_shift;
+    const char* row_codes = codes + c * 16;
+    const Raw *row_scale = scales + group, *row_bias = biases + group;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int64_t row = min(row0 + r, b.rows[m] - 1);
-      const char* codes = b.codes[m] + row * b.row_bytes;
-      const Raw* scales = static_cast<const Raw*>(b.scales[m]) + row * b.groups;
-      const Raw* biases = static_cast<const Raw*>(b.biases[m]) + row * b.groups;
+      load_chunk(row_codes, raw[r]);
+      scale[r] = __ldg(row_scale);
+      bias[r] = __ldg(row_bias);
+      if (r + 1 < live) row_codes += b.row_bytes, row_scale += b.groups, row_bias += b.groups;
+    }
+  };
+  // The first codes are on their way while prepare_x_kernel runs; x is read after it has finished.
+  allow_next_kernel();
+  if (begin + lane < end) load(begin + lane);
+  wait_for_previous_kernel();
+  for (int64_t c = begin + lane; c < end; c += kWarp) {
+    if (c != begin + lane) load(c);
+    const float2 chunk = load_after_wait(meta + c);
+    const float4* x = reinterpret_cast<const float4*>(xs + c * L::kChunk);
+    float dot[kRows] = {};
 #pragma unroll
-      for (int k = 0; k < kK; ++k) {
-        if (owns[k]) {
-          load_chunk(codes + code_offset[k], s.codes[r][k]);
-          s.scale[r][k] = __ldg(scales + group[k]);
-          s.bias[r][k] = __ldg(biases + group[k]);
+    for (int word = 0; word < 4; ++word) {
+      float xv[L::kWordCodes];
+#pragma unroll
+      for (int i = 0; i < L::kWordCodes / 4; ++i) {
+        const float4 f = load_after_wait(x + word * (L::kWordCodes / 4) + i);
+        xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uint32_t lo = raw[r][word], hi = lo >> 16;
+#pragma unroll
+        for (int j = 0; j < L::kWordCodes; ++j) {
+          const uint32_t bits = (j < L::kHalfCodes ? lo : hi) & (L::kMask << (kBits * (j % L::kHalfCodes)));
+          dot[r] = __fmaf_rn(__uint_as_float(bits), xv[j], dot[r]);
         }
       }
     }
-  };
-
-  // The first two tiles' loads go out before x is prepared, so HBM is busy meanwhile.
-  Tile<Scale, kRows, kK> buf[2];
-  fetch(blockIdx.x, buf[0]);
-  fetch(blockIdx.x + stride, buf[1]);
-  ChunkX<kBits> xs[kK];
 #pragma unroll
-  for (int k = 0; k < kK; ++k) {
-    if (owns[k]) prepare_chunk<kBits>(x + (threadIdx.x + static_cast<int64_t>(k) * blockDim.x) * L::kChunk, xs[k]);
+    for (int r = 0; r < kRows; ++r) {
+      // dot·2^(149−S) first: exact (a power of two), and finite wherever the true partial sum is.
+      acc[r] = __fmaf_rn(Scale::decode(scale[r]), dot[r] * chunk.x, __fmaf_rn(Scale::decode(bias[r]), chunk.y, acc[r]));
+    }
   }
-
-  for (int64_t t0 = blockIdx.x; t0 < tiles; t0 += 2 * stride) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t t = t0 + i * stride;
-      if (t >= tiles) break;  // t depends on the block alone: the whole block leaves together
-      float acc[kRows];
-      {
-        const Tile<Scale, kRows, kK>& s = buf[i];
-        float dot[kRows][kK];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          acc[r] = 0.0f;
-#pragma unroll
-          for (int k = 0; k < kK; ++k) dot[r][k] = 0.0f;
-        }
-#pragma unroll
-        for (int word = 0; word < 4; ++word) {
-#pragma unroll
-          for (int k = 0; k < kK; ++k) {
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-              const uint32_t lo = s.codes[r][k][word], hi = lo >> 16;
-#pragma unroll
-              for (int j = 0; j < L::kWordCodes; ++j) {
-                const uint32_t bits = (j < L::kHalfCodes ? lo : hi) & (L::kMask << (kBits * (j % L::kHalfCodes)));
-                dot[r][k] = __fmaf_rn(__uint_as_float(bits), xs[k].v[word * L::kWordCodes + j], dot[r][k]);
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (int k = 0; k < kK; ++k) {
-          if (!owns[k]) continue;
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            acc[r] = __fmaf_rn(Scale::decode(s.scale[r][k]) * xs[k].unscale, dot[r][k],
-                               __fmaf_rn(Scale::decode(s.bias[r][k]), xs[k].sum, acc[r]));
-          }
-        }
-      }
-      fetch(t + 2 * stride, buf[i]);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float sum = warp_sum(acc[r]);
-        if (lane == 0) partial[i][warp][r] = sum;
-      }
-      __syncthreads();
-      if (threadIdx.x < kRows) {
-        int64_t row0;
-        const int m = tile_matrix(b, t, row0, kRows);
-        const int64_t row = row0 + threadIdx.x;
-        if (row < b.rows[m]) {
-          float sum = 0.0f;
-          for (int w = 0; w < warps; ++w) sum += partial[i][w][threadIdx.x];
-          b.y[m][row] = sum;
-        }
-      }
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = warp_sum(acc[r]);
+    if (lane == 0) partial[warp][r] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x < row_groups * kRows) {
+    const int group = static_cast<int>(threadIdx.x) / kRows, r = static_cast<int>(threadIdx.x) % kRows;
+    const int64_t row = block_row0 + static_cast<int64_t>(group) * kRows + r;
+    if (row < rows) {
+      float sum = 0.0f;
+      for (int s = 0; s < b.split; ++s) sum += partial[group * b.split + s][r];
+      b.y[m][row] = sum;
     }
   }
 }
 
-// Launch-time facts read from the driver once: SM counts per device, and resident blocks per SM of
-// each kernel and block size (a launch must not wait on attribute queries).
+// SMs per device, read from the driver once (a launch must not wait on attribute queries).
 int sm_count() {
   constexpr int kDevices = 64;
   static std::array<std::atomic<int>, kDevices> cache{};
@@ -245,40 +214,48 @@ int sm_count() {
   return sms;
 }
 
-template <int kBits, class Scale, int kK, int kRows>
-void launch_kernel(const float* x, AffineBatch& b, cudaStream_t stream) {
-  for (int i = 0; i < b.count; ++i) b.first_tile[i + 1] = b.first_tile[i] + (b.rows[i] + kRows - 1) / kRows;
-  const int64_t tiles = b.first_tile[b.count];
-  if (tiles == 0) return;
-  const auto kernel = gemv_affine_kernel<kBits, Scale, kK, kRows>;
-  const int warps = (b.chunks + kK * kWarp - 1) / (kK * kWarp);
-  static std::array<std::atomic<int>, kMaxThreads / kWarp + 1> resident{};
-  int per_sm = resident[warps].load(std::memory_order_relaxed);
-  if (per_sm == 0) {
-    QINFER_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * kWarp, 0));
-    per_sm = std::max(per_sm, 1);
-    resident[warps].store(per_sm, std::memory_order_relaxed);
-  }
-  // Every block resident at once: a block prepares x once and takes tiles until none are left.
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(sm_count()) * per_sm));
-  kernel<<<blocks, warps * kWarp, 0, stream>>>(x, b);
-  QINFER_CUDA_CHECK_LAUNCH("gemv_affine_kernel<<<>>>");
+// Blocks for b at its split; also fills first_block.
+int64_t plan_blocks(AffineBatch& b) {
+  const int64_t block_rows = static_cast<int64_t>(kWarps / b.split) * kRows;
+  for (int i = 0; i < b.count; ++i) b.first_block[i + 1] = b.first_block[i] + (b.rows[i] + block_rows - 1) / block_rows;
+  return b.first_block[b.count];
 }
 
-// 4-bit: one chunk per thread and four rows per tile (64 code bytes per thread), or two chunks and
-// one row for rows past kMaxThreads chunks, within the registers; 8-bit: two chunks and two rows.
+template <int kBits, class Scale>
+void launch_kernel(const float* x, AffineBatch& b, cudaStream_t stream) {
+  // Warps split a row only as far as a warp's 32 lanes have a chunk each, and further while the
+  // blocks are fewer than the SMs.
+  b.split = 1;
+  while (b.split < kWarps && b.split * kWarp < b.chunks) b.split *= 2;
+  int64_t blocks = plan_blocks(b);
+  const int sms = sm_count();
+  while (b.split < kWarps && blocks < sms) b.split *= 2, blocks = plan_blocks(b);
+  if (blocks == 0) return;
+
+  using L = Layout<kBits>;
+  const int64_t in = b.chunks * L::kChunk;
+  void* scratch = nullptr;
+  QINFER_CUDA_CHECK(cudaMallocAsync(&scratch, in * sizeof(float) + b.chunks * sizeof(float2), stream));
+  float* xs = static_cast<float*>(scratch);
+  float2* meta = reinterpret_cast<float2*>(xs + in);  // in is a multiple of 32: aligned
+  launch_overlapped(prepare_x_kernel<kBits>, static_cast<unsigned>((b.chunks + 255) / 256), 256, 0, stream, x,
+                    b.chunks, xs, meta);
+  launch_overlapped(gemv_affine_kernel<kBits, Scale>, static_cast<unsigned>(blocks), kWarps * kWarp, 0, stream, xs,
+                    meta, b);
+  QINFER_CUDA_CHECK(cudaFreeAsync(scratch, stream));
+}
+
 template <class Scale>
 void launch_scaled(const float* x, AffineBatch& b, int bits, cudaStream_t stream) {
-  if (bits == 8) return launch_kernel<8, Scale, 2, 2>(x, b, stream);
-  if (b.chunks <= kMaxThreads) return launch_kernel<4, Scale, 1, 4>(x, b, stream);
-  launch_kernel<4, Scale, 2, 1>(x, b, stream);
+  if (bits == 8) return launch_kernel<8, Scale>(x, b, stream);
+  launch_kernel<4, Scale>(x, b, stream);
 }
 
 // Whether the kernel takes w, and w with the batch's first matrix shares x's layout.
 bool takes(const WeightView& w, const WeightView& first) {
   if (!w.quantized || w.mode != quant::Mode::affine || (w.bits != 4 && w.bits != 8) || !w.biases) return false;
-  if ((w.group_size != 32 && w.group_size != 64 && w.group_size != 128) || w.in % w.group_size != 0) return false;
-  if (w.in <= 0 || w.in * w.bits > 2 * kMaxThreads * 128) return false;
+  if ((w.group_size != 32 && w.group_size != 64 && w.group_size != 128) || w.in <= 0 || w.in % w.group_size != 0)
+    return false;
   if (w.scale_dtype != DType::f32 && w.scale_dtype != DType::bf16 && w.scale_dtype != DType::f16) return false;
   if (!aligned16(w.data) || w.row_words % 4 != 0 || w.row_words * 32 != w.in * w.bits) return false;
   return w.bits == first.bits && w.group_size == first.group_size && w.scale_dtype == first.scale_dtype &&
@@ -301,7 +278,7 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
     b.y[i] = batch.y[i];
     b.rows[i] = w.rows;
   }
-  b.chunks = static_cast<int>(first.in * first.bits / 128);
+  b.chunks = first.in * first.bits / 128;
   b.group_shift = first.group_shift;
   b.row_bytes = first.row_words * 4;
   b.groups = first.in >> first.group_shift;

@@ -31,7 +31,7 @@ template <class Elem>
 __device__ __forceinline__ float unit_dot(const uint4& raw, const float* __restrict__ x, float acc) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
   if constexpr (sizeof(typename Elem::Storage) == 4) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(x));
+    const float4 v = load_after_wait(reinterpret_cast<const float4*>(x));
     acc = fmaf(__uint_as_float(words[0]), v.x, acc);
     acc = fmaf(__uint_as_float(words[1]), v.y, acc);
     acc = fmaf(__uint_as_float(words[2]), v.z, acc);
@@ -39,7 +39,7 @@ __device__ __forceinline__ float unit_dot(const uint4& raw, const float* __restr
   } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(x) + h);
+      const float4 v = load_after_wait(reinterpret_cast<const float4*>(x) + h);
       float w[4];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -72,36 +72,45 @@ struct DenseBatch {
   int64_t first_block[kMaxGemvMatrices + 1];
 };
 
-template <class Elem>
+// kSwiglu: the batch is (gate, up) of one shape and y[0] gets silu(x·gate)·(x·up); a block owns
+// kRows / 2 rows of each.
+template <class Elem, bool kSwiglu>
 __global__ void __launch_bounds__(kWarps* kWarp) gemv_dense_kernel(const float* __restrict__ x,
                                                                    const __grid_constant__ DenseBatch batch) {
   constexpr int kPerUnit = 16 / static_cast<int>(sizeof(typename Elem::Storage));
   __shared__ float partial[kWarps][kRows];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   int m = 0;
-  while (m + 1 < batch.count && blockIdx.x >= batch.first_block[m + 1]) ++m;
-  const void* __restrict__ weights = batch.w[m];
+  if constexpr (!kSwiglu)
+    while (m + 1 < batch.count && blockIdx.x >= batch.first_block[m + 1]) ++m;
   float* __restrict__ y = batch.y[m];
   const int64_t rows = batch.rows[m];
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) - batch.first_block[m]) * kRows;
+  constexpr int kOut = kSwiglu ? kRows / 2 : kRows;  // outputs per block
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) - batch.first_block[m]) * kOut;
   const int64_t units = batch.in / kPerUnit;
   // Warp `warp` takes units [begin, end) of every row of the block, in steps of 32·kUnits.
   const int64_t begin = units * warp / kWarps, end = units * (warp + 1) / kWarps;
   const uint4* base[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int64_t row = row0 + r < rows ? row0 + r : rows - 1;  // a short last block re-reads a row
-    base[r] = static_cast<const uint4*>(weights) + row * units;
+    const int64_t row = row0 + r % kOut < rows ? row0 + r % kOut : rows - 1;  // a short last block re-reads a row
+    base[r] = static_cast<const uint4*>(batch.w[kSwiglu ? r / kOut : m]) + row * units;
   }
   float acc[kRows] = {};
-  for (int64_t u0 = begin + lane; u0 < end; u0 += kWarp * kUnits) {
-    uint4 raw[kRows][kUnits];
+  uint4 raw[kRows][kUnits];
+  auto load = [&](int64_t u0) {
 #pragma unroll
     for (int i = 0; i < kUnits; ++i) {
       const int64_t u = u0 + i * kWarp;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) raw[r][i] = u < end ? load_weights(base[r] + u) : make_uint4(0, 0, 0, 0);
     }
+  };
+  // The first weights are on their way before x (the previous kernel's output) may be read.
+  allow_next_kernel();
+  load(begin + lane);
+  wait_for_previous_kernel();
+  for (int64_t u0 = begin + lane; u0 < end;) {
 #pragma unroll
     for (int i = 0; i < kUnits; ++i) {
       const int64_t u = u0 + i * kWarp;
@@ -110,6 +119,8 @@ __global__ void __launch_bounds__(kWarps* kWarp) gemv_dense_kernel(const float* 
         for (int r = 0; r < kRows; ++r) acc[r] = unit_dot<Elem>(raw[r][i], x + u * kPerUnit, acc[r]);
       }
     }
+    u0 += kWarp * kUnits;
+    if (u0 < end) load(u0);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -117,15 +128,45 @@ __global__ void __launch_bounds__(kWarps* kWarp) gemv_dense_kernel(const float* 
     if (lane == 0) partial[warp][r] = sum;
   }
   __syncthreads();
-  if (threadIdx.x < kRows && row0 + threadIdx.x < rows) {
+  if (threadIdx.x < kOut && row0 + threadIdx.x < rows) {
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += partial[w][threadIdx.x];
+    if constexpr (kSwiglu) {
+      float up = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) up += partial[w][threadIdx.x + kOut];
+      sum = silu(sum) * up;  // silu_mul's arithmetic
+    }
     y[row0 + threadIdx.x] = sum;
   }
 }
 
 }  // namespace
+
+bool gemv_swiglu_fits(const float* x, const WeightView& gate, const WeightView& up) {
+  const int64_t per_unit = gate.dtype == DType::f32 ? 4 : 8;
+  return aligned16(x) && !gate.quantized && !up.quantized && gate.dtype == up.dtype &&
+         (gate.dtype == DType::bf16 || gate.dtype == DType::f16 || gate.dtype == DType::f32) && gate.in == up.in &&
+         gate.rows == up.rows && gate.in % per_unit == 0 && aligned16(gate.data) && aligned16(up.data);
+}
+
+void launch_gemv_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out, cudaStream_t stream) {
+  DenseBatch b{};
+  b.count = 2;
+  b.in = gate.in;
+  b.w[0] = gate.data;
+  b.w[1] = up.data;
+  b.y[0] = out;
+  b.rows[0] = gate.rows;
+  const auto blocks = static_cast<unsigned>((gate.rows + kRows / 2 - 1) / (kRows / 2));
+  if (blocks == 0) return;
+  switch (gate.dtype) {
+    case DType::bf16: launch_overlapped(gemv_dense_kernel<Bf16Elem, true>, blocks, kWarps * kWarp, 0, stream, x, b); break;
+    case DType::f16: launch_overlapped(gemv_dense_kernel<F16Elem, true>, blocks, kWarps * kWarp, 0, stream, x, b); break;
+    default: launch_overlapped(gemv_dense_kernel<F32Elem, true>, blocks, kWarps * kWarp, 0, stream, x, b); break;
+  }
+}
 
 bool try_launch_gemv_dense(const float* x, const GemvBatch& batch, cudaStream_t stream) {
   if (batch.count < 1 || batch.count > kMaxGemvMatrices || !aligned16(x)) return false;
@@ -146,12 +187,11 @@ bool try_launch_gemv_dense(const float* x, const GemvBatch& batch, cudaStream_t 
   const auto blocks = static_cast<unsigned>(b.first_block[batch.count]);
   if (blocks == 0) return true;
   switch (first.dtype) {
-    case DType::bf16: gemv_dense_kernel<Bf16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, b); break;
-    case DType::f16: gemv_dense_kernel<F16Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, b); break;
-    case DType::f32: gemv_dense_kernel<F32Elem><<<blocks, kWarps * kWarp, 0, stream>>>(x, b); break;
+    case DType::bf16: launch_overlapped(gemv_dense_kernel<Bf16Elem, false>, blocks, kWarps * kWarp, 0, stream, x, b); break;
+    case DType::f16: launch_overlapped(gemv_dense_kernel<F16Elem, false>, blocks, kWarps * kWarp, 0, stream, x, b); break;
+    case DType::f32: launch_overlapped(gemv_dense_kernel<F32Elem, false>, blocks, kWarps * kWarp, 0, stream, x, b); break;
     default: return false;
   }
-  QINFER_CUDA_CHECK_LAUNCH("gemv_dense_kernel<<<>>>");
   return true;
 }
 

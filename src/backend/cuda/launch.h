@@ -54,6 +54,10 @@ void launch_gemv_batch(const float* x, int64_t T, const GemvBatch& batch, cudaSt
 // gemv_dense.cu: one token of dense weights of one dtype and width (16-byte aligned x and rows,
 // whole 16-byte units per row).
 bool try_launch_gemv_dense(const float* x, const GemvBatch& batch, cudaStream_t stream);
+// out = silu(x · gateᵀ) · (x · upᵀ) for one token of dense gate and up of one dtype and shape (the
+// conditions of gemv_swiglu_fits).
+bool gemv_swiglu_fits(const float* x, const WeightView& gate, const WeightView& up);
+void launch_gemv_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out, cudaStream_t stream);
 // gemv_affine.cu: one token of MLX affine 4/8-bit weights (groups 32/64/128, f32|bf16|f16 scales).
 bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t stream);
 // Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo

@@ -31,7 +31,7 @@ __device__ __forceinline__ void unit_dot(const uint32_t (&raw)[kR][Fmt::kUnitWor
 #pragma unroll
     for (int t = 0; t < kT; ++t) {
       if (t < T) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + t * ldx + 4 * c));
+        const float4 xv = load_after_wait(reinterpret_cast<const float4*>(x + t * ldx + 4 * c));
         if constexpr (Fmt::kCombine == Combine::affine) xsum[t] += (xv.x + xv.y) + (xv.z + xv.w);
 #pragma unroll
         for (int r = 0; r < kR; ++r)
@@ -44,6 +44,8 @@ __device__ __forceinline__ void unit_dot(const uint32_t (&raw)[kR][Fmt::kUnitWor
 template <class Fmt, int kT, int kR, int kU>
 __global__ void __launch_bounds__(kTileWarps* kWarp)
     gemv_tile_kernel(const float* __restrict__ x, int T, WeightView w, float* __restrict__ y) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   constexpr int kWords = Fmt::kUnitWords;
   constexpr bool kGrouped = Fmt::kCombine != Combine::plain;
   const int lane = threadIdx.x % kWarp;
@@ -135,7 +137,7 @@ void launch_tile(const float* x, int T, const WeightView& w, float* y, cudaStrea
   constexpr int kU = kT == 1 ? 4 : 2;
   const int64_t tiles = (w.rows + kR - 1) / kR;
   const auto blocks = static_cast<unsigned>((tiles + kTileWarps - 1) / kTileWarps);
-  gemv_tile_kernel<Fmt, kT, kR, kU><<<blocks, kTileWarps * kWarp, 0, stream>>>(x, T, w, y);
+  launch_overlapped(gemv_tile_kernel<Fmt, kT, kR, kU>, blocks, kTileWarps * kWarp, 0, stream, x, T, w, y);
 }
 
 // --- the generic path: one warp per row (formats and alignments the tiles do not take) -----------
@@ -147,6 +149,8 @@ constexpr int kGemvWarps = 8;  // weight rows per block
 template <class Fmt, int kMaxT, bool kVec>
 __global__ void __launch_bounds__(kGemvWarps* kWarp, kMaxT == 1 ? 2 : 1)
     gemv_kernel(const float* __restrict__ x, int T, WeightView w, float* __restrict__ y) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (row >= w.rows) return;  // the whole warp leaves together
@@ -273,6 +277,8 @@ __device__ __forceinline__ void a_half(const uint32_t (&words)[F::kQuarterWords]
 template <class F, bool kPacked>
 __global__ void __launch_bounds__(kMmaMaxWarps* kWarp)
     gemv_mma_kernel(const float* __restrict__ x, int T, WeightView w, float* __restrict__ y) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   extern __shared__ float partial[];  // [warps][kMmaRows][8 columns]
   static_assert(F::kAffine || F::kScaleShift == 0, "dense rows have no scales");
   constexpr int kPieces = kPacked ? 1 : 3;
@@ -346,12 +352,12 @@ __global__ void __launch_bounds__(kMmaMaxWarps* kWarp)
         float v[4];
         if constexpr (F::kBits == 4) {
           const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          const float4 u = live ? __ldg(reinterpret_cast<const float4*>(xg + 8 * (i / 2))) : z;
-          const float4 h = live ? __ldg(reinterpret_cast<const float4*>(xg + 8 * (i / 2) + 4)) : z;
+          const float4 u = live ? load_after_wait(reinterpret_cast<const float4*>(xg + 8 * (i / 2))) : z;
+          const float4 h = live ? load_after_wait(reinterpret_cast<const float4*>(xg + 8 * (i / 2) + 4)) : z;
           if (i % 2 == 0) v[0] = u.x, v[1] = h.x, v[2] = u.y, v[3] = h.y;
           else v[0] = u.z, v[1] = h.z, v[2] = u.w, v[3] = h.w;
         } else {
-          const float4 u = live ? __ldg(reinterpret_cast<const float4*>(xg + 4 * i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          const float4 u = live ? load_after_wait(reinterpret_cast<const float4*>(xg + 4 * i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
         }
         if constexpr (F::kAffine) xsum += (v[0] + v[1]) + (v[2] + v[3]);
@@ -434,8 +440,8 @@ void launch_mma(const float* x, int T, const WeightView& w, float* y, cudaStream
   warps = std::max<int64_t>(1, std::min(warps, steps / 2));
   const auto threads = static_cast<unsigned>(warps * kWarp);
   const size_t smem = static_cast<size_t>(warps) * kMmaRows * 8 * sizeof(float);
-  if (T <= 2) gemv_mma_kernel<F, true><<<static_cast<unsigned>(blocks), threads, smem, stream>>>(x, T, w, y);
-  else gemv_mma_kernel<F, false><<<static_cast<unsigned>(blocks), threads, smem, stream>>>(x, T, w, y);
+  if (T <= 2) launch_overlapped(gemv_mma_kernel<F, true>, static_cast<unsigned>(blocks), threads, smem, stream, x, T, w, y);
+  else launch_overlapped(gemv_mma_kernel<F, false>, static_cast<unsigned>(blocks), threads, smem, stream, x, T, w, y);
 }
 
 // The tensor-core path when it takes the view: dense bf16, or affine 4/8-bit with groups of
@@ -489,6 +495,8 @@ __global__ void to_bf16_pair_kernel(const float* __restrict__ x, int64_t n, __nv
 template <class Fmt>
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, int64_t T, WeightView table, float* __restrict__ out,
                                  DeviceStatus* status) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int32_t id = ids[t];
     float* o = out + t * table.in;
@@ -539,11 +547,11 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaS
     }
     const bool vec = x_vec && Fmt::vectorizable(w);
     if (T == 1) {
-      if (vec) gemv_kernel<Fmt, 1, true><<<blocks, kGemvWarps * kWarp, 0, stream>>>(x, t, w, y);
-      else gemv_kernel<Fmt, 1, false><<<blocks, kGemvWarps * kWarp, 0, stream>>>(x, t, w, y);
+      if (vec) launch_overlapped(gemv_kernel<Fmt, 1, true>, blocks, kGemvWarps * kWarp, 0, stream, x, t, w, y);
+      else launch_overlapped(gemv_kernel<Fmt, 1, false>, blocks, kGemvWarps * kWarp, 0, stream, x, t, w, y);
     } else {
-      if (vec) gemv_kernel<Fmt, kGemvMaxTokens, true><<<blocks, kGemvWarps * kWarp, 0, stream>>>(x, t, w, y);
-      else gemv_kernel<Fmt, kGemvMaxTokens, false><<<blocks, kGemvWarps * kWarp, 0, stream>>>(x, t, w, y);
+      if (vec) launch_overlapped(gemv_kernel<Fmt, kGemvMaxTokens, true>, blocks, kGemvWarps * kWarp, 0, stream, x, t, w, y);
+      else launch_overlapped(gemv_kernel<Fmt, kGemvMaxTokens, false>, blocks, kGemvWarps * kWarp, 0, stream, x, t, w, y);
     }
   });
   QINFER_CUDA_CHECK_LAUNCH("gemv_kernel<<<>>>");
@@ -578,7 +586,7 @@ void launch_embedding(const int32_t* ids, int64_t T, const WeightView& table, fl
   if (T == 0 || table.in == 0) return;
   const auto blocks = static_cast<unsigned>(std::min(T, kMaxRowBlocks));
   dispatch(table, [&](auto format) {
-    embedding_kernel<decltype(format)><<<blocks, kRowThreads, 0, stream>>>(ids, T, table, out, status);
+    launch_overlapped(embedding_kernel<decltype(format)>, blocks, kRowThreads, 0, stream, ids, T, table, out, status);
   });
   QINFER_CUDA_CHECK_LAUNCH("embedding_kernel<<<>>>");
 }

@@ -15,6 +15,8 @@ constexpr int kWarpsPerBlock = 8;
 __global__ void __launch_bounds__(kRouteThreads, 1)
     moe_route_kernel(const float* __restrict__ logits, int64_t T, int E, int k, bool renormalize,
                      int32_t* __restrict__ ids, float* __restrict__ weights) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   extern __shared__ float route_smem[];
   float* probs = route_smem;                                      // [E]
   float* chosen_p = probs + E;                                    // [k]
@@ -70,6 +72,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
     expert_kernel(const float* __restrict__ x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k,
                   const int32_t* __restrict__ ids, const float* __restrict__ weights, WeightView w, float* act,
                   float* __restrict__ out, DeviceStatus* status) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int lane = threadIdx.x % kWarp;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if constexpr (kStage == Stage::down) {
@@ -118,10 +122,10 @@ void launch_stage(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, in
   dispatch(w, [&](auto format) {
     using Fmt = decltype(format);
     if (x_vec && Fmt::vectorizable(w))
-      expert_kernel<Fmt, true, kStage><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(x, T, H, I, E, k, ids, weights,
+      launch_overlapped(expert_kernel<Fmt, true, kStage>, blocks, kWarpsPerBlock * kWarp, 0, stream, x, T, H, I, E, k, ids, weights,
                                                                                       w, act, out, status);
     else
-      expert_kernel<Fmt, false, kStage><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(x, T, H, I, E, k, ids, weights,
+      launch_overlapped(expert_kernel<Fmt, false, kStage>, blocks, kWarpsPerBlock * kWarp, 0, stream, x, T, H, I, E, k, ids, weights,
                                                                                        w, act, out, status);
   });
   QINFER_CUDA_CHECK_LAUNCH("expert_kernel<<<>>>");
@@ -137,7 +141,7 @@ void launch_moe_route(const float* logits, int64_t T, int64_t E, int64_t k, bool
     QINFER_CUDA_CHECK(cudaFuncSetAttribute(moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(T, 65535));
-  moe_route_kernel<<<blocks, kRouteThreads, bytes, stream>>>(logits, T, static_cast<int>(E), static_cast<int>(k),
+  launch_overlapped(moe_route_kernel, blocks, kRouteThreads, bytes, stream, logits, T, static_cast<int>(E), static_cast<int>(k),
                                                              renormalize, ids, weights);
   QINFER_CUDA_CHECK_LAUNCH("moe_route_kernel<<<>>>");
 }

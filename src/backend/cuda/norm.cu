@@ -82,6 +82,8 @@ __device__ __forceinline__ float4 output4(const Rows& r, float4 v, float factor,
 // kVecs float4s of the row (with its weights and gates) in registers between the sum and the write.
 template <Norm kNorm, int kRowThreads, int kVecs>
 __global__ void __launch_bounds__(kThreads) norm_vec_kernel(const Rows r) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   __shared__ float scratch[kWarp];
   constexpr int kRowsPerBlock = kThreads / kRowThreads;
   constexpr bool kWeighted = kNorm != Norm::l2;
@@ -125,6 +127,8 @@ __global__ void __launch_bounds__(kThreads) norm_vec_kernel(const Rows r) {
 // which for add_rms this thread has just updated: x_out is x).
 template <Norm kNorm, int kRowThreads>
 __global__ void __launch_bounds__(kThreads) norm_kernel(const Rows r) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   __shared__ float scratch[kWarp];
   constexpr int kRowsPerBlock = kThreads / kRowThreads;
   const int rank = threadIdx.x % kRowThreads;
@@ -158,7 +162,7 @@ unsigned blocks_for(int64_t N, int rows_per_block) {
 
 template <Norm kNorm, int kRowThreads, int kVecs>
 void launch_vec(const Rows& r, cudaStream_t stream) {
-  norm_vec_kernel<kNorm, kRowThreads, kVecs><<<blocks_for(r.N, kThreads / kRowThreads), kThreads, 0, stream>>>(r);
+  launch_overlapped(norm_vec_kernel<kNorm, kRowThreads, kVecs>, blocks_for(r.N, kThreads / kRowThreads), kThreads, 0, stream, r);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -179,9 +183,9 @@ void launch(const Rows& r, cudaStream_t stream) {
     else if (D4 <= 4 * kThreads) launch_vec<kNorm, kThreads, 4>(r, stream);
     else launch_vec<kNorm, kThreads, kMaxBlockVecs>(r, stream);
   } else if (r.D <= kWarpRowMax) {
-    norm_kernel<kNorm, kWarp><<<blocks_for(r.N, kThreads / kWarp), kThreads, 0, stream>>>(r);
+    launch_overlapped(norm_kernel<kNorm, kWarp>, blocks_for(r.N, kThreads / kWarp), kThreads, 0, stream, r);
   } else {
-    norm_kernel<kNorm, kThreads><<<blocks_for(r.N, 1), kThreads, 0, stream>>>(r);
+    launch_overlapped(norm_kernel<kNorm, kThreads>, blocks_for(r.N, 1), kThreads, 0, stream, r);
   }
   QINFER_CUDA_CHECK_LAUNCH("norm_kernel<<<>>>");
 }

@@ -32,6 +32,8 @@ struct Heads {
 // read and written by one lane.
 template <bool kNorm, int kFreqs, int kPass, bool kStore>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __grid_constant__ RopeTable table) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int lane = threadIdx.x % kWarp;
   const int64_t per_token = h.heads[0] + h.heads[1], rows = h.T * per_token, half = h.half;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; row < rows;
@@ -44,15 +46,28 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
     // Where this head's key and value go in the pool (the second tensor's heads only).
     const bool store = kStore && p == 1;
     const int64_t pool_offset = store ? (static_cast<int64_t>(h.dst_rows[t]) * h.heads[1] + head) * h.head_dim : 0;
-    float a[kFreqs], b[kFreqs], angle[kFreqs], pass[kPass > 0 ? kPass : 1];
+    // Every load of the row is issued before the first result is needed (a decode step runs this on
+    // a few dozen heads: its time is its chain of memory round trips), v's included.
+    constexpr int kValues = 2 * kFreqs + kPass;  // ≥ head_dim / 32
+    float a[kFreqs], b[kFreqs], wa[kFreqs], wb[kFreqs], angle[kFreqs], pass[kPass > 0 ? kPass : 1];
+    float values[kStore ? kValues : 1];
+    if (store) {
+      const float* vh = h.v + (t * h.heads[1] + head) * h.head_dim;
+#pragma unroll
+      for (int k = 0; k < kValues; ++k) {
+        const int64_t j = lane + k * kWarp;
+        values[k] = j < h.head_dim ? vh[j] : 0.0f;
+      }
+    }
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < kFreqs; ++k) {
       const int i = lane + k * kWarp;
-      a[k] = b[k] = angle[k] = 0.0f;
+      a[k] = b[k] = angle[k] = wa[k] = wb[k] = 0.0f;
       if (i >= half) continue;
       a[k] = xh[i];
       b[k] = xh[i + half];
+      if constexpr (kNorm) wa[k] = w[i], wb[k] = w[i + half];
       angle[k] = static_cast<float>(h.positions[table.axis[i] * h.T + t]) * table.inv_freq[i];
       sum = fmaf(a[k], a[k], sum);
       sum = fmaf(b[k], b[k], sum);
@@ -70,8 +85,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
       for (int k = 0; k < kFreqs; ++k) {
         const int i = lane + k * kWarp;
         if (i >= half) continue;
-        a[k] = a[k] * inv_rms * w[i];
-        b[k] = b[k] * inv_rms * w[i + half];
+        a[k] = a[k] * inv_rms * wa[k];
+        b[k] = b[k] * inv_rms * wb[k];
       }
 #pragma unroll
       for (int k = 0; k < kPass; ++k) {
@@ -102,9 +117,14 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
         h.pool_k[pool_offset + i + half] = hi;
       }
     }
-    if (store) {
-      const float* vh = h.v + (t * h.heads[1] + head) * h.head_dim;
-      for (int64_t j = lane; j < h.head_dim; j += kWarp) h.pool_v[pool_offset + j] = vh[j];
+    if constexpr (kStore) {
+      if (store) {
+#pragma unroll
+        for (int k = 0; k < kValues; ++k) {
+          const int64_t j = lane + k * kWarp;
+          if (j < h.head_dim) h.pool_v[pool_offset + j] = values[k];
+        }
+      }
     }
   }
 }
@@ -112,8 +132,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
 template <bool kNorm, int kFreqs, int kPass>
 void launch_heads(const Heads& h, const RopeTable& table, cudaStream_t stream) {
   const unsigned blocks = grid_for(h.T * (h.heads[0] + h.heads[1]), kWarpsPerBlock, 65535);
-  if (h.pool_k) rope_kernel<kNorm, kFreqs, kPass, true><<<blocks, kThreads, 0, stream>>>(h, table);
-  else rope_kernel<kNorm, kFreqs, kPass, false><<<blocks, kThreads, 0, stream>>>(h, table);
+  if (h.pool_k) launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, true>, blocks, kThreads, 0, stream, h, table);
+  else launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, false>, blocks, kThreads, 0, stream, h, table);
   QINFER_CUDA_CHECK_LAUNCH("rope_kernel<<<>>>");
 }
 

@@ -39,10 +39,10 @@ __device__ __forceinline__ void fma4(float (&acc)[kMaxT], float w0, float w1, fl
     if (t < T) {
       const float* xt = x + t * ldx + j;
       if constexpr (kVec) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(xt));
+        const float4 v = load_after_wait(reinterpret_cast<const float4*>(xt));
         acc[t] = fmaf(w0, v.x, fmaf(w1, v.y, fmaf(w2, v.z, fmaf(w3, v.w, acc[t]))));
       } else {
-        acc[t] = fmaf(w0, __ldg(xt), fmaf(w1, __ldg(xt + 1), fmaf(w2, __ldg(xt + 2), fmaf(w3, __ldg(xt + 3), acc[t]))));
+        acc[t] = fmaf(w0, load_after_wait(xt), fmaf(w1, load_after_wait(xt + 1), fmaf(w2, load_after_wait(xt + 2), fmaf(w3, load_after_wait(xt + 3), acc[t]))));
       }
     }
   }
@@ -175,7 +175,7 @@ struct Dense {
         const float v = Elem::decode(__ldg(r + j));
 #pragma unroll
         for (int t = 0; t < kMaxT; ++t)
-          if (t < T) acc[t] = fmaf(v, __ldg(x + t * ldx + j), acc[t]);
+          if (t < T) acc[t] = fmaf(v, load_after_wait(x + t * ldx + j), acc[t]);
       }
     }
   }
