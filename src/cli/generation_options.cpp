@@ -1,8 +1,10 @@
 #include "cli/generation_options.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
@@ -46,6 +48,11 @@ std::string model_or_default(const std::string& model) {
 namespace {
 // --precision of this process's command (one command runs per process).
 bool exact_precision = false;
+// --tp-processes, --tp-process, --tp-address.
+struct {
+  int count = 1, index = 0;
+  std::string address;
+} processes;
 
 // N of "cuda" (0) or "cuda:N".
 int cuda_index(const std::string& device) {
@@ -75,22 +82,50 @@ std::string rank_device(const std::string& device, int rank) {
   return fmt::format("cuda:{}", cuda_index(device) + rank);
 }
 
+int tp_processes() { return processes.count; }
+
 std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint& checkpoint, const std::string& device,
                                                         int ranks) {
+  models::Placement placement;
+  int local = ranks;
+  if (processes.count > 1) {
+    QINFER_CHECK(ranks % processes.count == 0, "--tensor-parallel {}: not divisible over --tp-processes {}", ranks,
+                 processes.count);
+    QINFER_CHECK(processes.index >= 0 && processes.index < processes.count,
+                 "--tp-process {}: expected 0..{} (--tp-processes {})", processes.index, processes.count - 1,
+                 processes.count);
+    QINFER_CHECK(!processes.address.empty(), "--tp-processes {}: needs --tp-address HOST:PORT (where process 0 "
+                 "listens)", processes.count);
+    local = ranks / processes.count;
+    placement.first_rank = processes.index * local;
+    placement.size = ranks;
+  }
   // Every rank's backend first, so that a bad device fails before any thread starts.
   std::vector<std::unique_ptr<Ops>> ops;
   std::vector<int> gpus;
-  for (int r = 0; r < ranks; ++r) {
+  for (int r = 0; r < local; ++r) {
     const std::string d = rank_device(device, r);
     ops.push_back(make_ops(d));
     if (ops.back()->device() == Device::cuda) gpus.push_back(std::stoi(d.substr(5)));
   }
-  return std::make_unique<models::TensorParallelModel>(checkpoint, std::move(ops), std::move(gpus));
+  if (processes.count > 1) {
+    log_info("tensor parallel: process {} of {} (ranks {}..{} of {}), meeting at {}", processes.index,
+             processes.count, placement.first_rank, placement.first_rank + local - 1, ranks, processes.address);
+    placement.processes = parallel::ProcessGroup::join(processes.address, processes.index, processes.count);
+    // Every process runs the same command; process 0 speaks for the group on standard output.
+    if (processes.index != 0) {
+      std::fflush(stdout);
+      const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (null >= 0) dup2(null, STDOUT_FILENO), close(null);
+    }
+  }
+  return std::make_unique<models::TensorParallelModel>(checkpoint, std::move(ops), std::move(gpus),
+                                                       std::move(placement));
 }
 
 DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::string& device, int tensor_parallel) {
   QINFER_CHECK(tensor_parallel >= 1, "--tensor-parallel {}: must be at least 1", tensor_parallel);
-  if (tensor_parallel > 1) return {nullptr, load_ranks(checkpoint, device, tensor_parallel)};
+  if (tensor_parallel > 1 || processes.count > 1) return {nullptr, load_ranks(checkpoint, device, tensor_parallel)};
   DeviceModel m{make_ops(device), nullptr};
   m.model = std::make_unique<models::Model>(checkpoint, *m.ops);
   return m;
@@ -103,6 +138,14 @@ void add_device_flags(CLI::App* cmd, int& tensor_parallel) {
                   "split the model over N ranks: threads sharing the host (cpu, ref), or GPUs cuda:K..K+N-1 over "
                   "NCCL (default 1)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--tp-processes", processes.count,
+                  "run the --tensor-parallel ranks in P processes (one per host; every process runs this same command "
+                  "on its own GPUs, or one cpu rank each; process 0 prints) (default 1)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--tp-process", processes.index, "this process's index in 0..P-1 (--tp-processes)")
+      ->check(CLI::Range(0, 63));
+  cmd->add_option("--tp-address", processes.address,
+                  "HOST:PORT where process 0 listens and the others connect (--tp-processes)");
   cmd->add_option_function<std::string>(
          "--precision", [](const std::string& value) { exact_precision = value == "exact"; },
          "cuda prompt processing: fast (default; bf16 operands in its GEMMs and attention, as PyTorch and vLLM run a "

@@ -40,9 +40,12 @@ std::string rank_device(const std::string& device, int rank);
 std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint& checkpoint, const std::string& device,
                                                         int ranks);
 DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::string& device, int tensor_parallel);
-// --tensor-parallel N and --precision fast|exact (the cuda backend's prompt GEMMs and attention),
-// the same on every command that takes --device.
+// --tensor-parallel N, --tp-processes P / --tp-process I / --tp-address HOST:PORT (a group over
+// processes; models::Placement) and --precision fast|exact (the cuda backend's prompt GEMMs and
+// attention), the same on every command that takes --device.
 void add_device_flags(CLI::App* cmd, int& tensor_parallel);
+// --tp-processes of this command (1: the group, if any, is this process's ranks).
+int tp_processes();
 // The --precision in effect: "fast" or "exact".
 std::string precision_name();
 

@@ -8,25 +8,41 @@
 namespace qinfer::models {
 
 TensorParallelModel::TensorParallelModel(const Checkpoint& checkpoint, std::vector<std::unique_ptr<Ops>> ops,
-                                         std::vector<int> gpus)
-    : config_(checkpoint.config.text), ops_(std::move(ops)) {
+                                         std::vector<int> gpus, Placement placement)
+    : config_(checkpoint.config.text), ops_(std::move(ops)), placement_(std::move(placement)) {
   const int n = size();
   QINFER_CHECK(n >= 1, "tensor parallel: the group needs at least one rank");
+  if (placement_.size == 0) placement_.size = n;
+  const int first = placement_.first_rank, total = placement_.size;
+  QINFER_CHECK(first >= 0 && first + n <= total, "tensor parallel: ranks {}..{} are not in a group of {}", first,
+               first + n - 1, total);
   // Before any thread starts: the error that names the field that does not divide.
-  (void)parallel::plan_shards(config_, 0, n);
+  (void)parallel::plan_shards(config_, 0, total);
   const bool on_gpus = ops_[0]->device() == Device::cuda;
   for (const auto& o : ops_)
     QINFER_CHECK((o->device() == Device::cuda) == on_gpus, "tensor parallel: ranks on {} and {} cannot be mixed",
                  ops_[0]->name(), o->name());
   QINFER_CHECK(!on_gpus || static_cast<int>(gpus.size()) == n,
                "tensor parallel: {} cuda ranks need {} GPU indices, got {}", n, n, gpus.size());
+  parallel::ProcessGroup* processes = placement_.processes.get();
+  QINFER_CHECK(on_gpus || processes == nullptr || n == 1,
+               "tensor parallel: {} host ranks in one process of a multi-process group (host ranks across processes "
+               "take one rank per process)", n);
 #ifdef QINFER_HAVE_NCCL
-  const parallel::NcclId nccl_id = on_gpus ? parallel::make_nccl_id() : parallel::NcclId{};
+  parallel::NcclId nccl_id;
+  if (on_gpus && (processes == nullptr || processes->index() == 0)) nccl_id = parallel::make_nccl_id();
+  if (on_gpus && processes != nullptr) {  // every process joins process 0's NCCL group
+    const std::vector<char> id =
+        processes->broadcast(std::vector<char>(nccl_id.bytes.begin(), nccl_id.bytes.end()));
+    QINFER_CHECK(id.size() == nccl_id.bytes.size(), "tensor parallel: process 0 sent a {}-byte NCCL id", id.size());
+    std::copy(id.begin(), id.end(), nccl_id.bytes.begin());
+  }
 #else
   QINFER_CHECK(!on_gpus, "--tensor-parallel on cuda needs NCCL, which this build did not find (nccl.h and libnccl in "
                          "the CUDA toolkit)");
 #endif
-  if (!on_gpus) host_group_ = std::make_unique<parallel::ThreadGroup>(n);
+  if (!on_gpus && processes != nullptr) process_rank_ = std::make_unique<parallel::ProcessCommunicator>(*processes);
+  else if (!on_gpus) host_group_ = std::make_unique<parallel::ThreadGroup>(n);
   nccl_.resize(static_cast<size_t>(n));
   models_.resize(static_cast<size_t>(n));
   // Every rank joins its communicator (NCCL's init returns once all have) and loads its slice.
@@ -34,11 +50,13 @@ TensorParallelModel::TensorParallelModel(const Checkpoint& checkpoint, std::vect
     parallel::Communicator* comm = nullptr;
 #ifdef QINFER_HAVE_NCCL
     if (on_gpus) {
-      nccl_[static_cast<size_t>(r)] = std::make_unique<parallel::NcclCommunicator>(nccl_id, r, n, gpus[r]);
+      nccl_[static_cast<size_t>(r)] =
+          std::make_unique<parallel::NcclCommunicator>(nccl_id, first + r, total, gpus[static_cast<size_t>(r)]);
       comm = nccl_[static_cast<size_t>(r)].get();
     }
 #endif
-    if (!on_gpus) comm = &host_group_->rank(r);
+    if (process_rank_) comm = process_rank_.get();
+    else if (!on_gpus) comm = &host_group_->rank(r);
     models_[static_cast<size_t>(r)] = std::make_unique<Model>(checkpoint, *ops_[static_cast<size_t>(r)], comm);
   };
   try {

@@ -13,20 +13,30 @@
 #include <vector>
 
 #include "models/model.h"
+#include "parallel/process_group.h"
 
 namespace qinfer::models {
+
+// Where a process's ranks sit in a group that spans processes (parallel/process_group.h): ranks
+// first_rank .. first_rank + local count - 1 of `size`. Empty: the group is this process's ranks.
+struct Placement {
+  int first_rank = 0, size = 0;
+  std::unique_ptr<parallel::ProcessGroup> processes;
+};
 
 class TensorParallelModel final : public Runner {
  public:
   // One rank per backend in `ops` (all cpu / ref, or all cuda); `gpus` names each cuda rank's GPU
   // index (for NCCL) and is empty for host ranks. Loads every rank's slice at once; a split that does
-  // not divide fails first, naming the config field.
-  TensorParallelModel(const Checkpoint& checkpoint, std::vector<std::unique_ptr<Ops>> ops, std::vector<int> gpus = {});
+  // not divide fails first, naming the config field. Across processes, GPU ranks share one NCCL group
+  // (process 0 makes its id) and a host rank must be alone in its process.
+  TensorParallelModel(const Checkpoint& checkpoint, std::vector<std::unique_ptr<Ops>> ops, std::vector<int> gpus = {},
+                      Placement placement = {});
   ~TensorParallelModel() override;
   TensorParallelModel(const TensorParallelModel&) = delete;
   TensorParallelModel& operator=(const TensorParallelModel&) = delete;
 
-  int size() const { return static_cast<int>(ops_.size()); }
+  int size() const { return static_cast<int>(ops_.size()); }  // this process's ranks
   const io::TextConfig& config() const override { return config_; }
   Ops& ops() const override { return *ops_[0]; }
   CacheShape cache_shape() const override;
@@ -53,7 +63,9 @@ class TensorParallelModel final : public Runner {
 
   io::TextConfig config_;
   std::vector<std::unique_ptr<Ops>> ops_;
+  Placement placement_;
   std::unique_ptr<parallel::ThreadGroup> host_group_;             // host ranks' collectives
+  std::unique_ptr<parallel::Communicator> process_rank_;          // a host rank alone in its process
   std::vector<std::unique_ptr<parallel::Communicator>> nccl_;     // GPU ranks' collectives
   std::vector<std::unique_ptr<Model>> models_;
 

@@ -3,6 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "io/json.h"
 #include "support/run_command.h"
 #include "support/safetensors_writer.h"
@@ -44,6 +49,50 @@ TEST(TensorParallelCli, RunOnTwoRanksWritesTheTextOfOne) {
       EXPECT_EQ(two.out, one.out) << fixture << " " << device;
     }
   }
+}
+
+// A port nothing listens on right now (the OS's pick for a socket bound to port 0, then closed).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+TEST(TensorParallelCli, RunOverTwoProcessesWritesTheTextOfOne) {
+  const CommandResult one = run_command(run("qwen3_5", "--device cpu"));
+  ASSERT_EQ(one.status, 0) << one.err;
+  TempDir dir;
+  const std::string group = "--device cpu --tensor-parallel 2 --tp-processes 2 --tp-address 127.0.0.1:" +
+                            std::to_string(free_port()) + " --tp-process ";
+  const std::string second = run("qwen3_5", group + "1") + " > '" + (dir.path() / "out1").string() + "' 2> '" +
+                             (dir.path() / "err1").string() + "'; echo $? > '" + (dir.path() / "rc1").string() + "'";
+  // Process 1 starts first and waits for process 0; the shell waits for both.
+  const CommandResult r = run_command("( (" + second + ") & " + run("qwen3_5", group + "0") + "; rc=$?; wait; exit $rc )");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, one.out);
+  EXPECT_THAT(r.err, HasSubstr("process 0 of 2 (ranks 0..0 of 2)"));
+  EXPECT_EQ(read_text(dir.path() / "rc1"), "0\n") << read_text(dir.path() / "err1");
+  EXPECT_EQ(read_text(dir.path() / "out1"), "");  // process 0 speaks for the group
+  EXPECT_THAT(read_text(dir.path() / "err1"), HasSubstr("process 1 of 2 (ranks 1..1 of 2)"));
+}
+
+TEST(TensorParallelCli, ProcessFlagsAreChecked) {
+  CommandResult r = run_command(run("qwen3", "--device cpu --tensor-parallel 2 --tp-processes 2 --tp-process 0"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tp-processes 2: needs --tp-address HOST:PORT"));
+  r = run_command(run("qwen3", "--device cpu --tensor-parallel 3 --tp-processes 2 --tp-address 127.0.0.1:1"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tensor-parallel 3: not divisible over --tp-processes 2"));
+  r = run_command(std::string(QINFER_BINARY) + " serve --model '" + model_with_tokenizer("qwen3").string() +
+                  "' --tensor-parallel 2 --tp-processes 2 --tp-address 127.0.0.1:1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("serve: --tp-processes must be 1"));
 }
 
 TEST(TensorParallelCli, ASplitThatDoesNotDivideNamesTheField) {
