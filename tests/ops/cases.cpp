@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include "core/dtype.h"
 #include "ops/harness.h"
@@ -165,39 +166,30 @@ Weight with_scale_dtype(const Weight& w, DType dtype) {
   return out;
 }
 
-void add_linear_mma(std::vector<Case>& cases) {
-  struct Shape {
-    int64_t T, in, out;
-    bool wide;
-  };
-  const Shape shapes[] = {{1, 64, 7, false},     {2, 128, 33, false},  {3, 640, 45, true},    {5, 256, 16, false},
-                          {8, 4160, 50, true},   {1, 4224, 97, true},  {2, 1024, 31, true},   {8, 128, 1, false},
-                          {5, 4160, 64, false},  {3, 4224, 19, false}};
-  for (const Shape s : shapes) {
-    cases.push_back({"linear", fmt::format("mma bf16 T={} in={} out={}{}", s.T, s.in, s.out, s.wide ? " wide x" : ""),
-                     [=](Run& r) {
-                       Tensor x = s.wide ? wide_range_x(r.rng, s.T, s.in) : random_tensor(r.rng, DType::f32, {s.T, s.in});
-                       Tensor w = random_tensor(r.rng, DType::bf16, {s.out, s.in}, 0.5f);
-                       Tensor y_ref = host_tensor(DType::f32, {s.T, s.out});
-                       r.ref.linear(x, w, y_ref);
-                       Tensor y = r.dut.alloc(DType::f32, {s.T, s.out});
-                       r.dut.linear(r.put(x), r.put(w), y);
-                       r.compare("y", y, y_ref, kTol);
-                     }});
-  }
+// `linear` over MLX affine weights of every width and group size, for each shape the group divides
+// (scale dtypes bf16, f16, f32 in turn), against the reference. `kernel` names the path in the case
+// names: "mma" (tensor-core tiles) or "gemv" (one token, which also names x's scale).
+struct AffineShape {
+  int64_t T, in, out;
+  bool wide;
+  float x_scale = 1.0f;
+};
+void add_affine_linear(std::vector<Case>& cases, const std::string& kernel, std::span<const AffineShape> shapes) {
   constexpr DType kScaleTypes[] = {DType::bf16, DType::f16, DType::f32};
   for (int bits : {4, 8}) {
     for (int group : {32, 64, 128}) {
       const quant::Layout layout{quant::Mode::affine, bits, group};
       int n = 0;
-      for (const Shape s : shapes) {
+      for (const AffineShape& s : shapes) {
         if (s.in % group != 0) continue;
         const DType scale_type = kScaleTypes[n++ % 3];
-        cases.push_back({"linear", fmt::format("mma affine {}-bit g{} {} scales T={} in={} out={}{}", bits, group,
-                                               name(scale_type), s.T, s.in, s.out, s.wide ? " wide x" : ""),
-                         [=](Run& r) {
+        std::string label = fmt::format("{} affine {}-bit g{} {} scales T={} in={} out={}{}", kernel, bits, group,
+                                        name(scale_type), s.T, s.in, s.out, s.wide ? " wide x" : "");
+        if (kernel == "gemv") label += fmt::format(" x·{:g}", s.x_scale);
+        cases.push_back({"linear", label, [=](Run& r) {
                            Tensor x = s.wide ? wide_range_x(r.rng, s.T, s.in)
                                              : random_tensor(r.rng, DType::f32, {s.T, s.in});
+                           for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] *= s.x_scale;
                            Weight w = with_scale_dtype(random_quantized(r.rng, layout, {s.out, s.in}), scale_type);
                            Tensor y_ref = host_tensor(DType::f32, {s.T, s.out});
                            r.ref.linear(x, w, y_ref);
@@ -210,45 +202,37 @@ void add_linear_mma(std::vector<Case>& cases) {
   }
 }
 
+void add_linear_mma(std::vector<Case>& cases) {
+  const AffineShape shapes[] = {{1, 64, 7, false},     {2, 128, 33, false},  {3, 640, 45, true},    {5, 256, 16, false},
+                          {8, 4160, 50, true},   {1, 4224, 97, true},  {2, 1024, 31, true},   {8, 128, 1, false},
+                          {5, 4160, 64, false},  {3, 4224, 19, false}};
+  for (const AffineShape& s : shapes) {
+    cases.push_back({"linear", fmt::format("mma bf16 T={} in={} out={}{}", s.T, s.in, s.out, s.wide ? " wide x" : ""),
+                     [=](Run& r) {
+                       Tensor x = s.wide ? wide_range_x(r.rng, s.T, s.in) : random_tensor(r.rng, DType::f32, {s.T, s.in});
+                       Tensor w = random_tensor(r.rng, DType::bf16, {s.out, s.in}, 0.5f);
+                       Tensor y_ref = host_tensor(DType::f32, {s.T, s.out});
+                       r.ref.linear(x, w, y_ref);
+                       Tensor y = r.dut.alloc(DType::f32, {s.T, s.out});
+                       r.dut.linear(r.put(x), r.put(w), y);
+                       r.compare("y", y, y_ref, kTol);
+                     }});
+  }
+  add_affine_linear(cases, "mma", shapes);
+}
+
 // The one-token affine 4/8-bit GEMV (gemv_affine.cu): rows of one chunk to tens of thousands, row
 // lengths from one chunk to many per lane (in = 60032: past what the kernel takes, so the tiles run),
 // short row tiles, x magnitudes from 1e-23 to 1e24 (each x chunk gets its own exponent).
 // Through linear_many: matrices of one layout in one launch (rows of each past a tile's end), and
 // mixed group sizes (matrix by matrix).
 void add_linear_gemv_affine(std::vector<Case>& cases) {
-  struct Shape {
-    int64_t in, out;
-    bool wide;
-    float x_scale;
-  };
-  const Shape shapes[] = {{64, 7, false, 1.0f},     {128, 4501, false, 1.0f}, {3136, 4300, true, 1.0f},
-                          {256, 2500, true, 1.0f},  {4608, 2200, false, 1.0f}, {4160, 1000, false, 1.0f},
-                          {4224, 97, true, 1.0f},   {12288, 33, false, 1.0f}, {1024, 3, true, 1e20f},
-                          {2048, 5, true, 1e-20f},  {60032, 3, false, 1.0f}, {16640, 45, true, 1.0f},
-                          {1536, 30011, false, 1.0f}, {256, 8500, false, 1.0f}};
-  constexpr DType kScaleTypes[] = {DType::bf16, DType::f16, DType::f32};
-  for (int bits : {4, 8}) {
-    for (int group : {32, 64, 128}) {
-      const quant::Layout layout{quant::Mode::affine, bits, group};
-      int n = 0;
-      for (const Shape s : shapes) {
-        if (s.in % group != 0) continue;
-        const DType scale_type = kScaleTypes[n++ % 3];
-        cases.push_back({"linear", fmt::format("gemv affine {}-bit g{} {} scales T=1 in={} out={}{} x·{:g}", bits, group,
-                                               name(scale_type), s.in, s.out, s.wide ? " wide x" : "", s.x_scale),
-                         [=](Run& r) {
-                           Tensor x = s.wide ? wide_range_x(r.rng, 1, s.in) : random_tensor(r.rng, DType::f32, {1, s.in});
-                           for (int64_t i = 0; i < s.in; ++i) x.ptr<float>()[i] *= s.x_scale;
-                           Weight w = with_scale_dtype(random_quantized(r.rng, layout, {s.out, s.in}), scale_type);
-                           Tensor y_ref = host_tensor(DType::f32, {1, s.out});
-                           r.ref.linear(x, w, y_ref);
-                           Tensor y = r.dut.alloc(DType::f32, {1, s.out});
-                           r.dut.linear(r.put(x), put_weight(r, w), y);
-                           r.compare("y", y, y_ref, kTol);
-                         }});
-      }
-    }
-  }
+  const AffineShape shapes[] = {{1, 64, 7, false},          {1, 128, 4501, false},  {1, 3136, 4300, true},
+                                {1, 256, 2500, true},        {1, 4608, 2200, false}, {1, 4160, 1000, false},
+                                {1, 4224, 97, true},         {1, 12288, 33, false},  {1, 1024, 3, true, 1e20f},
+                                {1, 2048, 5, true, 1e-20f},  {1, 60032, 3, false},   {1, 16640, 45, true},
+                                {1, 1536, 30011, false},     {1, 256, 8500, false}};
+  add_affine_linear(cases, "gemv", shapes);
   struct Many {
     int bits;
     std::vector<int> groups;  // one per matrix
