@@ -29,6 +29,7 @@ TensorParallelModel::TensorParallelModel(const Checkpoint& checkpoint, std::vect
                "tensor parallel: {} host ranks in one process of a multi-process group (host ranks across processes "
                "take one rank per process)", n);
 #ifdef QINFER_HAVE_NCCL
+  if (on_gpus) parallel::configure_nccl();
   parallel::NcclId nccl_id;
   if (on_gpus && (processes == nullptr || processes->index() == 0)) nccl_id = parallel::make_nccl_id();
   if (on_gpus && processes != nullptr) {  // every process joins process 0's NCCL group

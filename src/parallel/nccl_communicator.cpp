@@ -27,6 +27,14 @@ void check(cudaError_t result, const char* what, int rank) {
 
 }  // namespace
 
+void configure_nccl() {
+  // Every connection is made at init, while no rank has work queued: NCCL otherwise connects a
+  // protocol at its first collective, allocating device memory on one rank's thread while a peer's
+  // thread may hold the driver waiting on a device that waits on this rank (one process, one thread
+  // per rank). A value the user set is kept.
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+}
+
 NcclId make_nccl_id() {
   ncclUniqueId id;
   check(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
@@ -40,11 +48,6 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int size, int dev
   QINFER_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor parallel {}: rank {} is not in 0..{}", size, rank,
                size - 1);
   check(cudaSetDevice(device), "cudaSetDevice", rank);
-  // Every connection is made here, while no rank has work queued: NCCL otherwise connects a
-  // protocol at its first collective, allocating device memory on this rank's thread while a peer's
-  // thread may hold the driver waiting on a device that waits on this rank (one process, one thread
-  // per rank). A value the user set is kept.
-  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   ncclUniqueId unique;
   std::memcpy(&unique, id.bytes.data(), sizeof(unique));
   ncclComm_t comm = nullptr;

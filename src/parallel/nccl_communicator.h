@@ -16,6 +16,9 @@ struct NcclId {
   std::array<char, 128> bytes{};
 };
 NcclId make_nccl_id();
+// NCCL's settings for ranks that are threads of one process (environment variables NCCL reads at its
+// first use): called before any rank thread starts, as setenv is not thread-safe.
+void configure_nccl();
 
 class NcclCommunicator final : public Communicator {
  public:
