@@ -100,6 +100,7 @@ void ModelCache::zero_slot(int32_t slot) {
     for (Tensor& t : c.conv_) zero_rows(*c.ops_, t, slot);
     for (Tensor& t : c.delta_) zero_rows(*c.ops_, t, slot);
   }
+  if (mirror_) mirror_->zero_slot(slot);
 }
 
 // Rank after rank: rank 0's layers, then rank 1's, ...
@@ -110,12 +111,14 @@ ModelCache::StateSnapshot ModelCache::snapshot(int32_t slot) const {
     for (const Tensor& t : c.conv_) s.conv.push_back(read_slot(*c.ops_, t, slot));
     for (const Tensor& t : c.delta_) s.delta.push_back(read_slot(*c.ops_, t, slot));
   }
+  if (mirror_) mirror_->snapshot(slot, s);
   return s;
 }
 
 void ModelCache::restore(int32_t slot, const StateSnapshot& snapshot) {
   const size_t n = static_cast<size_t>(ranks());
-  QINFER_CHECK(snapshot.conv.size() == n * conv_.size() && snapshot.delta.size() == n * delta_.size(),
+  const size_t all = n + static_cast<size_t>(mirror_ ? mirror_->ranks() : 0);
+  QINFER_CHECK(snapshot.conv.size() == all * conv_.size() && snapshot.delta.size() == all * delta_.size(),
                "state snapshot does not match this cache's layers");
   for (size_t r = 0; r < n; ++r) {
     ModelCache& c = rank(static_cast<int>(r));
@@ -124,6 +127,7 @@ void ModelCache::restore(int32_t slot, const StateSnapshot& snapshot) {
     for (size_t i = 0; i < delta_.size(); ++i)
       write_slot(*c.ops_, c.delta_[i], slot, snapshot.delta[r * delta_.size() + i]);
   }
+  if (mirror_) mirror_->restore(slot, snapshot, static_cast<int>(n));
 }
 
 void SequenceCache::reserve(ModelCache& cache, int32_t new_tokens) {

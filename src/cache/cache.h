@@ -58,6 +58,23 @@ class ModelCache {
   StateSnapshot snapshot(int32_t slot) const;
   void restore(int32_t slot, const StateSnapshot& snapshot);
 
+  // The same cache's rows in other processes (a tensor-parallel group over processes whose process 0
+  // runs the engine: models/tensor_parallel.h). Blocks and slots stay assigned here; new slots are
+  // zeroed there too, and snapshots hold the other processes' ranks after this one's.
+  class Mirror {
+   public:
+    virtual ~Mirror() = default;
+    virtual int ranks() const = 0;  // ranks in the other processes
+    virtual void zero_slot(int32_t slot) = 0;
+    // Appends the other processes' layers of `slot` to `s`, in rank order.
+    virtual void snapshot(int32_t slot, StateSnapshot& s) = 0;
+    // Restores the other processes' part of `s` (from rank `first_rank` of it on) into `slot`.
+    virtual void restore(int32_t slot, const StateSnapshot& s, int first_rank) = 0;
+  };
+  void set_mirror(std::unique_ptr<Mirror> mirror) { mirror_ = std::move(mirror); }
+  // zero_slot for a process that follows another's cache (its slots are assigned there).
+  void reset_slot(int32_t slot) { zero_slot(slot); }
+
  private:
   void zero_slot(int32_t slot);
 
@@ -69,6 +86,7 @@ class ModelCache {
   std::vector<Tensor> conv_, delta_;
   std::vector<int32_t> refcount_, free_blocks_, free_slots_;
   std::vector<std::unique_ptr<ModelCache>> shards_;  // ranks 1..N-1
+  std::unique_ptr<Mirror> mirror_;
 };
 
 // One sequence's view of the cache: its blocks, how many tokens are cached, its state slot.

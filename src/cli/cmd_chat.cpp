@@ -29,9 +29,8 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--system", o->system, "system message");
   add_generation_flags(cmd, o->flags);
   cmd->callback([o] {
-    QINFER_CHECK(tp_processes() == 1, "chat: --tp-processes must be 1 (the conversation is read by one process; "
-                 "eval, run and bench run a group over processes)");
     auto m = load_model((o->model = model_or_default(o->model)), true, o->flags.device, o->flags.tensor_parallel);
+    if (follow_the_group(*m)) return;  // process 0 reads the conversation
     struct sigaction action {};
     action.sa_handler = [](int) { g_cancel = true; };
     sigemptyset(&action.sa_mask);

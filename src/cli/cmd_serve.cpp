@@ -75,9 +75,8 @@ void add_serve_command(CLI::App& app) {
     // The process-wide pool reads QINFER_THREADS when the model first uses it.
     if (o->threads > 0) setenv("QINFER_THREADS", std::to_string(o->threads).c_str(), 1);
 
-    QINFER_CHECK(tp_processes() == 1, "serve: --tp-processes must be 1 (requests arrive at one process; eval, run "
-                 "and bench run a group over processes)");
     auto m = load_model(dir, /*need_template=*/false, o->device, o->tensor_parallel);
+    if (follow_the_group(*m)) return;  // requests arrive at process 0
     try {
       m->chat_template = tokenizer::ChatTemplate::from_model_dir(dir);
     } catch (const qinfer::Error& e) {

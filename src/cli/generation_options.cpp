@@ -82,7 +82,19 @@ std::string rank_device(const std::string& device, int rank) {
   return fmt::format("cuda:{}", cuda_index(device) + rank);
 }
 
-int tp_processes() { return processes.count; }
+bool follow_the_group(LoadedModel& m) {
+  if (processes.count == 1) return false;
+  auto* group = dynamic_cast<models::TensorParallelModel*>(m.device.model.get());
+  QINFER_CHECK(group != nullptr, "--tp-processes {}: the model did not load as a tensor-parallel group",
+               processes.count);
+  if (processes.index == 0) {
+    group->lead();
+    return false;
+  }
+  log_info("tensor parallel: process {} follows process 0 until it stops", processes.index);
+  group->follow();
+  return true;
+}
 
 std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint& checkpoint, const std::string& device,
                                                         int ranks) {
@@ -139,8 +151,9 @@ void add_device_flags(CLI::App* cmd, int& tensor_parallel) {
                   "NCCL (default 1)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--tp-processes", processes.count,
-                  "run the --tensor-parallel ranks in P processes (one per host; every process runs this same command "
-                  "on its own GPUs, or one cpu rank each; process 0 prints) (default 1)")
+                  "run the --tensor-parallel ranks in P processes (one per host), each started with this same command on "
+                  "its own GPUs (or one cpu rank each); process 0 prints, and serves the requests of serve and chat "
+                  "while the others follow it (default 1)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--tp-process", processes.index, "this process's index in 0..P-1 (--tp-processes)")
       ->check(CLI::Range(0, 63));

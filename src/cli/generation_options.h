@@ -44,8 +44,10 @@ DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::s
 // processes; models::Placement) and --precision fast|exact (the cuda backend's prompt GEMMs and
 // attention), the same on every command that takes --device.
 void add_device_flags(CLI::App* cmd, int& tensor_parallel);
-// --tp-processes of this command (1: the group, if any, is this process's ranks).
-int tp_processes();
+// For commands whose requests reach one process (serve, chat): process 0 of a group over processes
+// leads it and goes on (false); every other process follows it until it stops (true: the command
+// has nothing left to do). False for a single process.
+bool follow_the_group(LoadedModel& m);
 // The --precision in effect: "fast" or "exact".
 std::string precision_name();
 

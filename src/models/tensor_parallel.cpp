@@ -1,11 +1,128 @@
 #include "models/tensor_parallel.h"
 
+#include <cstring>
+#include <map>
+
 #include "core/error.h"
 #ifdef QINFER_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
 #endif
 
 namespace qinfer::models {
+
+namespace {
+
+// What process 0 of a leading group tells the others, one message per cache operation or forward.
+enum class Op : uint8_t { make_cache, drop_cache, zero_slot, snapshot, restore, forward, stop };
+
+class Writer {
+ public:
+  explicit Writer(Op op) { put(op); }
+  template <typename T>
+  void put(const T& value) {
+    append(&value, sizeof(T));
+  }
+  template <typename T>
+  void put(const std::vector<T>& values) {
+    put(static_cast<uint64_t>(values.size()));
+    append(values.data(), values.size() * sizeof(T));
+  }
+  const std::vector<char>& bytes() const { return bytes_; }
+
+ private:
+  void append(const void* data, size_t n) {
+    const size_t at = bytes_.size();
+    bytes_.resize(at + n);
+    if (n > 0) std::memcpy(bytes_.data() + at, data, n);
+  }
+  std::vector<char> bytes_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<char>& bytes) : bytes_(bytes) {}
+  template <typename T>
+  T get() {
+    T value;
+    take(&value, sizeof(T));
+    return value;
+  }
+  template <typename T>
+  std::vector<T> vector() {
+    const uint64_t n = get<uint64_t>();
+    QINFER_CHECK(n <= (bytes_.size() - at_) / sizeof(T), "tensor parallel: a malformed message from process 0");
+    std::vector<T> values(n);
+    take(values.data(), n * sizeof(T));
+    return values;
+  }
+
+ private:
+  void take(void* out, size_t n) {
+    QINFER_CHECK(n <= bytes_.size() - at_, "tensor parallel: a malformed message from process 0");
+    std::memcpy(out, bytes_.data() + at_, n);
+    at_ += n;
+  }
+  const std::vector<char>& bytes_;
+  size_t at_ = 0;
+};
+
+// Process 0's cache, mirrored in the followers' caches of the same id.
+class FollowerCaches final : public ModelCache::Mirror {
+ public:
+  FollowerCaches(parallel::ProcessGroup& processes, uint64_t id, int ranks_per_process)
+      : processes_(processes), id_(id), per_process_(ranks_per_process) {}
+  ~FollowerCaches() override {
+    try {
+      Writer w(Op::drop_cache);
+      w.put(id_);
+      processes_.broadcast(w.bytes());
+    } catch (const Error&) {
+      // The followers are gone: nothing holds the cache any more.
+    }
+  }
+  int ranks() const override { return (processes_.count() - 1) * per_process_; }
+  void zero_slot(int32_t slot) override {
+    Writer w(Op::zero_slot);
+    w.put(id_);
+    w.put(slot);
+    processes_.broadcast(w.bytes());
+  }
+  void snapshot(int32_t slot, ModelCache::StateSnapshot& s) override {
+    Writer w(Op::snapshot);
+    w.put(id_);
+    w.put(slot);
+    processes_.broadcast(w.bytes());
+    const std::vector<std::vector<char>> parts = processes_.gather({});
+    for (int p = 1; p < processes_.count(); ++p) {
+      Reader r(parts[static_cast<size_t>(p)]);
+      QINFER_CHECK(r.get<Op>() == Op::snapshot, "tensor parallel: process {} answered a snapshot with another message",
+                   p);
+      for (auto* layers : {&s.conv, &s.delta}) {
+        const uint64_t n = r.get<uint64_t>();
+        for (uint64_t i = 0; i < n; ++i) layers->push_back(r.vector<float>());
+      }
+    }
+  }
+  void restore(int32_t slot, const ModelCache::StateSnapshot& s, int first_rank) override {
+    Writer w(Op::restore);
+    w.put(id_);
+    w.put(slot);
+    for (const auto* layers : {&s.conv, &s.delta}) {
+      const size_t per_rank = layers->size() / static_cast<size_t>(first_rank + ranks());
+      w.put(static_cast<uint64_t>(per_rank * per_process_));
+      // Each follower takes its own ranks' layers: process p's start at rank p · per_process.
+      for (size_t i = static_cast<size_t>(first_rank) * per_rank; i < layers->size(); ++i) w.put((*layers)[i]);
+    }
+    processes_.broadcast(w.bytes());
+  }
+
+ private:
+  parallel::ProcessGroup& processes_;
+  uint64_t id_;
+  int per_process_;
+};
+
+}  // namespace
 
 TensorParallelModel::TensorParallelModel(const Checkpoint& checkpoint, std::vector<std::unique_ptr<Ops>> ops,
                                          std::vector<int> gpus, Placement placement)
@@ -69,7 +186,16 @@ TensorParallelModel::TensorParallelModel(const Checkpoint& checkpoint, std::vect
   }
 }
 
-TensorParallelModel::~TensorParallelModel() { shut_down(); }
+TensorParallelModel::~TensorParallelModel() {
+  if (leading_) {
+    try {
+      tell_followers(Writer(Op::stop).bytes());
+    } catch (const Error&) {
+      // A follower already gone has nothing left to stop.
+    }
+  }
+  shut_down();
+}
 
 void TensorParallelModel::shut_down() {
   // A rank's model, Ops and communicator go on its own thread (NCCL tears a group down together),
@@ -104,7 +230,104 @@ CacheShape TensorParallelModel::cache_shape() const { return models_[0]->cache_s
 ModelCache TensorParallelModel::make_cache(int64_t num_blocks, int32_t block_size, int64_t num_slots) const {
   std::vector<Ops*> ranks;
   for (const auto& o : ops_) ranks.push_back(o.get());
-  return ModelCache(ranks, cache_shape(), num_blocks, block_size, num_slots);
+  ModelCache cache(ranks, cache_shape(), num_blocks, block_size, num_slots);
+  if (leading_) {
+    Writer w(Op::make_cache);
+    w.put(cache.id());
+    w.put(num_blocks);
+    w.put(block_size);
+    w.put(num_slots);
+    tell_followers(w.bytes());
+    cache.set_mirror(std::make_unique<FollowerCaches>(*placement_.processes, cache.id(), size()));
+  }
+  return cache;
+}
+
+void TensorParallelModel::tell_followers(const std::vector<char>& message) const {
+  placement_.processes->broadcast(message);
+}
+
+void TensorParallelModel::lead() {
+  parallel::ProcessGroup* processes = placement_.processes.get();
+  QINFER_CHECK(processes != nullptr && processes->index() == 0,
+               "tensor parallel: only process 0 of a group over processes leads it");
+  leading_ = true;
+}
+
+void TensorParallelModel::follow() {
+  parallel::ProcessGroup* processes = placement_.processes.get();
+  QINFER_CHECK(processes != nullptr && processes->index() != 0,
+               "tensor parallel: only processes 1.. of a group over processes follow process 0");
+  const size_t mine = static_cast<size_t>(processes->index() - 1);  // among the followers
+  std::map<uint64_t, ModelCache> caches;
+  auto cache_of = [&](uint64_t id) -> ModelCache& {
+    auto it = caches.find(id);
+    QINFER_CHECK(it != caches.end(), "tensor parallel: process 0 named cache {}, which this process does not hold", id);
+    return it->second;
+  };
+  while (true) {
+    const std::vector<char> message = processes->broadcast({});
+    Reader r(message);
+    const Op op = r.get<Op>();
+    if (op == Op::stop) return;
+    const uint64_t id = r.get<uint64_t>();
+    switch (op) {
+      case Op::make_cache: {
+        const int64_t blocks = r.get<int64_t>();
+        const int32_t block_size = r.get<int32_t>();
+        const int64_t slots = r.get<int64_t>();
+        caches.emplace(id, make_cache(blocks, block_size, slots));
+        break;
+      }
+      case Op::drop_cache:
+        caches.erase(id);
+        break;
+      case Op::zero_slot:
+        cache_of(id).reset_slot(r.get<int32_t>());
+        break;
+      case Op::snapshot: {
+        const ModelCache::StateSnapshot s = cache_of(id).snapshot(r.get<int32_t>());
+        Writer w(Op::snapshot);
+        for (const auto* layers : {&s.conv, &s.delta}) {
+          w.put(static_cast<uint64_t>(layers->size()));
+          for (const std::vector<float>& values : *layers) w.put(values);
+        }
+        processes->gather(w.bytes());
+        break;
+      }
+      case Op::restore: {
+        const int32_t slot = r.get<int32_t>();
+        ModelCache::StateSnapshot s;
+        for (auto* layers : {&s.conv, &s.delta}) {
+          const uint64_t per_process = r.get<uint64_t>();
+          for (size_t p = 0; p < static_cast<size_t>(processes->count() - 1); ++p)
+            for (uint64_t i = 0; i < per_process; ++i) {
+              std::vector<float> values = r.vector<float>();
+              if (p == mine) layers->push_back(std::move(values));
+            }
+        }
+        cache_of(id).restore(slot, s);
+        break;
+      }
+      case Op::forward: {
+        const uint64_t count = r.get<uint64_t>();
+        std::vector<SequenceCache> sequences(count);
+        Batch batch;
+        for (uint64_t i = 0; i < count; ++i) {
+          std::vector<int32_t> tokens = r.vector<int32_t>();
+          sequences[i].blocks = r.vector<int32_t>();
+          sequences[i].cached = r.get<int32_t>();
+          sequences[i].slot = r.get<int32_t>();
+          const bool all_logits = r.get<uint8_t>() != 0;
+          batch.sequences.push_back({std::move(tokens), &sequences[i], all_logits});
+        }
+        (void)forward(batch, cache_of(id));
+        break;
+      }
+      default:
+        qinfer::fail("tensor parallel: an unknown message ({}) from process 0", static_cast<int>(op));
+    }
+  }
 }
 
 Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
@@ -120,6 +343,19 @@ Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
       QINFER_CHECK(t >= 0 && t < config_.vocab_size, "token id {} is outside the vocabulary (0..{})", t,
                    config_.vocab_size - 1);
     s.cache->reserve(cache, static_cast<int32_t>(s.tokens.size()));
+  }
+  if (leading_) {  // the followers run this forward on their ranks, with the blocks and slots assigned here
+    Writer w(Op::forward);
+    w.put(cache.id());
+    w.put(static_cast<uint64_t>(batch.sequences.size()));
+    for (const Batch::Sequence& s : batch.sequences) {
+      w.put(s.tokens);
+      w.put(s.cache->blocks);
+      w.put(s.cache->cached);
+      w.put(s.cache->slot);
+      w.put(static_cast<uint8_t>(s.all_logits));
+    }
+    tell_followers(w.bytes());
   }
   // Ranks 1..N-1 advance copies of the sequences' caches; rank 0 advances the caller's, once.
   const size_t n = static_cast<size_t>(size());

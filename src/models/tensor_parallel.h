@@ -51,6 +51,14 @@ class TensorParallelModel final : public Runner {
   // forwards in the same order. `qinfer eval` uses it for per-rank work.
   void for_each_rank(const std::function<void(Model&)>& body);
 
+  // A group over processes in which only process 0 runs the engine (serve, chat: requests arrive at
+  // one process): process 0 calls lead() before it makes a cache, and every other process calls
+  // follow(), which makes the caches and runs the forwards process 0's do, on this process's ranks,
+  // until process 0's group is destroyed. Without them every process runs the same command and
+  // makes the same calls itself (eval, run, bench).
+  void lead();
+  void follow();
+
  private:
   // Runs job(rank) on every rank and waits for all. A rank that throws aborts the collectives of
   // the others (so none hangs) and its error is rethrown here as a qinfer::Error; the group then
@@ -60,10 +68,13 @@ class TensorParallelModel final : public Runner {
   void worker(int rank);
   // Frees every rank's model and communicator on the rank's thread, then stops the threads.
   void shut_down();
+  // Process 0 of a leading group: `message` to every other process.
+  void tell_followers(const std::vector<char>& message) const;
 
   io::TextConfig config_;
   std::vector<std::unique_ptr<Ops>> ops_;
   Placement placement_;
+  bool leading_ = false;
   std::unique_ptr<parallel::ThreadGroup> host_group_;             // host ranks' collectives
   std::unique_ptr<parallel::Communicator> process_rank_;          // a host rank alone in its process
   std::vector<std::unique_ptr<parallel::Communicator>> nccl_;     // GPU ranks' collectives

@@ -247,6 +247,25 @@ std::vector<int64_t> ProcessGroup::all_gather(int64_t value) {
   return all;
 }
 
+std::vector<std::vector<char>> ProcessGroup::gather(const std::vector<char>& bytes) {
+  if (index_ != 0) {
+    const uint64_t length = bytes.size();
+    send(peer(0), &length, sizeof length);
+    send(peer(0), bytes.data(), bytes.size());
+    return {};
+  }
+  std::vector<std::vector<char>> all(static_cast<size_t>(count_));
+  all[0] = bytes;
+  for (int p = 1; p < count_; ++p) {
+    uint64_t length = 0;
+    receive(peer(p), &length, sizeof length);
+    QINFER_CHECK(length <= (uint64_t{1} << 36), "tensor parallel: process {} announced {} bytes", p, length);
+    all[static_cast<size_t>(p)].resize(length);
+    receive(peer(p), all[static_cast<size_t>(p)].data(), length);
+  }
+  return all;
+}
+
 void ProcessGroup::all_reduce_sum(std::span<float> values) {
   const uint64_t n = values.size();
   if (index_ != 0) {

@@ -1,10 +1,10 @@
 #pragma once
-// The processes of a tensor-parallel group that spans hosts (or several processes of one host). Every
-// process runs the same command on the same inputs (SPMD, as torchrun launches a job); process 0
-// listens on HOST:PORT and every other process connects to it, so the group is a star around process
-// 0. Over it the processes agree on what must be the same everywhere (the NCCL id, each process's
-// rank count) and, for host ranks, sum tensors. GPU ranks then talk over NCCL directly, which
-// crosses hosts through its network transport.
+// The processes of a tensor-parallel group that spans hosts (or several processes of one host), each
+// started with the same command (as torchrun launches a job). Process 0 listens on HOST:PORT and every
+// other process connects to it, so the group is a star around process 0. Over it the processes agree
+// on what must be the same everywhere (the NCCL id), process 0 sends what the others follow when it
+// alone runs the engine (models::TensorParallelModel::lead / follow), and host ranks sum tensors. GPU
+// ranks talk over NCCL directly, which crosses hosts through its network transport.
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -41,6 +41,8 @@ class ProcessGroup {
   std::vector<char> broadcast(const std::vector<char>& bytes);
   // Every process's `value`, in process order, on every process.
   std::vector<int64_t> all_gather(int64_t value);
+  // Every process's `bytes` on process 0, in process order (the others get an empty list).
+  std::vector<std::vector<char>> gather(const std::vector<char>& bytes);
   // `values` becomes the element-wise sum over the processes, added in process order on process 0
   // (((v0 + v1) + v2) ...), so every process ends with the same bits. Every process passes the same
   // length; a process that passes another fails the collective on all of them.

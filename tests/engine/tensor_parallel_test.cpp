@@ -3,6 +3,8 @@
 // (Gated DeltaNet state slots, snapshotted for n > 1), with preemption, on the ref and cpu backends.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "io/json.h"
 #include "models/tensor_parallel.h"
 #include "scheduler_support.h"
@@ -110,6 +112,57 @@ TEST_P(TensorParallelScheduler, GivesTheTokensOfOneModel) {
       EXPECT_EQ(got[i][c].size(), 14u);
       EXPECT_EQ(got[i][c], want[i][c]) << "request " << i << " choice " << c;
     }
+  }
+}
+
+// The same over two processes (played by threads, joined over a real socket), one cpu rank each:
+// process 0 leads, runs the scheduler and mirrors its caches (new slots zeroed, the n = 3 state
+// snapshots gathered from and restored into process 1's ranks); process 1 follows until process 0's
+// group is destroyed.
+TEST_P(TensorParallelScheduler, OverProcessesGivesTheTokensOfOneModel) {
+  const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
+  const std::unique_ptr<Ops> ops = backend("cpu");
+  models::Model one(checkpoint, *ops);
+  const std::vector<RequestParams> requests = {
+      request(make_prompt(23, 1), 14, 0.8f, 7, 3), request(make_prompt(30, 2), 14, 0.0f, 0, 1),
+      request(make_prompt(9, 3), 14, 0.8f, 9, 1), request(make_prompt(17, 4), 14, 0.0f, 0, 2)};
+  const auto want = schedule(one, requests);
+
+  std::unique_ptr<parallel::ProcessGroup> head = parallel::ProcessGroup::listen("127.0.0.1:0", 2);
+  const std::string address = "127.0.0.1:" + std::to_string(head->port());
+  std::string follower_error;
+  std::thread follower([&] {
+    try {
+      models::Placement placement;
+      placement.first_rank = 1;
+      placement.size = 2;
+      placement.processes = parallel::ProcessGroup::join(address, 1, 2, std::chrono::seconds(20));
+      std::vector<std::unique_ptr<Ops>> rank_ops;
+      rank_ops.push_back(backend("cpu"));
+      models::TensorParallelModel group(checkpoint, std::move(rank_ops), {}, std::move(placement));
+      group.follow();
+    } catch (const std::exception& e) {
+      follower_error = e.what();
+    }
+  });
+  std::vector<std::vector<std::vector<int32_t>>> got;
+  {
+    head->accept_all(std::chrono::seconds(20));
+    models::Placement placement;
+    placement.size = 2;
+    placement.processes = std::move(head);
+    std::vector<std::unique_ptr<Ops>> rank_ops;
+    rank_ops.push_back(backend("cpu"));
+    models::TensorParallelModel group(checkpoint, std::move(rank_ops), {}, std::move(placement));
+    group.lead();
+    got = schedule(group, requests);
+  }  // process 0's group ends: process 1 stops following
+  follower.join();
+  EXPECT_EQ(follower_error, "");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    for (size_t c = 0; c < want[i].size(); ++c) EXPECT_EQ(got[i][c], want[i][c]) << "request " << i << " choice " << c;
   }
 }
 

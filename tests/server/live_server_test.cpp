@@ -11,6 +11,7 @@
 #include "engine/scheduler.h"
 #include "models/model.h"
 #include "models/random_checkpoint.h"
+#include "parallel/process_group.h"
 #include "server/server.h"
 #include "server_test_util.h"
 #include "support/run_command.h"
@@ -265,6 +266,68 @@ TEST(ServeCommand, StartsServesAndStopsOnSigterm) {
   }
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(err);
   EXPECT_THAT(read_file(err), HasSubstr("stopping"));
+}
+
+// `qinfer serve` as a tensor-parallel group of two processes (one cpu rank each): process 1 follows,
+// process 0 serves; a greedy completion is the text of one process, and SIGTERM to process 0 stops both.
+TEST(ServeCommand, AGroupOverTwoProcessesServesAsOne) {
+  ASSERT_TRUE(fs::exists(QINFER_BINARY));
+  qinfer::testing::TempDir dir;
+  const fs::path golden = fs::path(QINFER_TEST_DATA) / "golden" / "qwen3_5";
+  for (const char* file : {"config.json", "model.safetensors"}) fs::copy_file(golden / file, dir / file);
+  const fs::path mini = repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini";
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(mini / file, dir / file);
+  const qinfer::testing::CommandResult one = qinfer::testing::run_command(
+      std::string(QINFER_BINARY) + " run --model '" + dir.path().string() + "' -p 'the cat sat' --raw --temp 0 -n 12");
+  ASSERT_EQ(one.status, 0) << one.err;
+
+  // A free port for the group to meet at.
+  std::unique_ptr<parallel::ProcessGroup> probe = parallel::ProcessGroup::listen("127.0.0.1:0", 2);
+  const std::string meet = "127.0.0.1:" + std::to_string(probe->port());
+  probe.reset();
+  auto start = [&](const char* index, const fs::path& out, const fs::path& err) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      freopen(out.c_str(), "w", stdout);
+      freopen(err.c_str(), "w", stderr);
+      execl(QINFER_BINARY, QINFER_BINARY, "serve", "--model", dir.path().c_str(), "--port", "0", "--device", "cpu",
+            "--tensor-parallel", "2", "--tp-processes", "2", "--tp-process", index, "--tp-address", meet.c_str(),
+            "--served-model-name", "tp", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  const fs::path out0 = dir / "0.out", err0 = dir / "0.err", out1 = dir / "1.out", err1 = dir / "1.err";
+  const pid_t follower = start("1", out1, err1), leader = start("0", out0, err0);
+  ASSERT_GT(follower, 0);
+  ASSERT_GT(leader, 0);
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    const std::string text = read_file(out0);
+    if (const size_t at = text.find("http://127.0.0.1:");
+        at != std::string::npos && text.find("/v1", at) != std::string::npos)
+      port = std::atoi(text.c_str() + at + 17);
+    else
+      std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GT(port, 0) << read_file(err0) << read_file(err1);
+  const json body = {{"model", "tp"}, {"prompt", "the cat sat"}, {"max_tokens", 12}, {"temperature", 0}};
+  const HttpResponse r = fetch(port, "POST", "/v1/completions", dump(body));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body_json()["choices"][0]["text"].get<std::string>() + "\n", one.out);
+  kill(leader, SIGTERM);
+  for (const pid_t pid : {leader, follower}) {
+    int status = 0;
+    for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << "process " << (pid == leader ? 0 : 1) << " did not stop";
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(pid == leader ? err0 : err1);
+  }
+  EXPECT_THAT(read_file(err1), HasSubstr("process 1 follows process 0 until it stops"));
+  EXPECT_EQ(read_file(out1), "");
 }
 
 TEST(ServeCommand, RefusesAnAddressInUse) {
