@@ -225,6 +225,19 @@ TEST(LiveServer, SchedulerRefusalsAre400) {
   expect_all_free(s);
 }
 
+// The port `qinfer serve` printed to `out` ("... ready on http://127.0.0.1:PORT/v1"), once it has;
+// 0 after 30 s.
+int served_port(const fs::path& out) {
+  for (int i = 0; i < 600; ++i) {
+    const std::string text = read_file(out);
+    if (const size_t at = text.find("http://127.0.0.1:");
+        at != std::string::npos && text.find("/v1", at) != std::string::npos)
+      return std::atoi(text.c_str() + at + 17);
+    std::this_thread::sleep_for(50ms);
+  }
+  return 0;
+}
+
 // `qinfer serve` as a user runs it: prints the URL, serves, stops cleanly on SIGTERM.
 TEST(ServeCommand, StartsServesAndStopsOnSigterm) {
   ASSERT_TRUE(fs::exists(QINFER_BINARY)) << QINFER_BINARY << " is not built (cmake --build <dir> --target qinfer)";
@@ -239,15 +252,7 @@ TEST(ServeCommand, StartsServesAndStopsOnSigterm) {
           "--max-running", "4", "--served-model-name", "demo", static_cast<char*>(nullptr));
     _exit(127);
   }
-  int port = 0;
-  for (int i = 0; i < 600 && port == 0; ++i) {
-    const std::string text = read_file(out);
-    if (const size_t at = text.find("http://127.0.0.1:");
-        at != std::string::npos && text.find("/v1", at) != std::string::npos)
-      port = std::atoi(text.c_str() + at + 17);
-    else
-      std::this_thread::sleep_for(50ms);
-  }
+  const int port = served_port(out);
   ASSERT_GT(port, 0) << read_file(out) << read_file(err);
   EXPECT_THAT(read_file(out), HasSubstr("demo ready on http://127.0.0.1:"));
   EXPECT_EQ(fetch(port, "GET", "/v1/models").status, 401);
@@ -301,15 +306,7 @@ TEST(ServeCommand, AGroupOverTwoProcessesServesAsOne) {
   const pid_t follower = start("1", out1, err1), leader = start("0", out0, err0);
   ASSERT_GT(follower, 0);
   ASSERT_GT(leader, 0);
-  int port = 0;
-  for (int i = 0; i < 600 && port == 0; ++i) {
-    const std::string text = read_file(out0);
-    if (const size_t at = text.find("http://127.0.0.1:");
-        at != std::string::npos && text.find("/v1", at) != std::string::npos)
-      port = std::atoi(text.c_str() + at + 17);
-    else
-      std::this_thread::sleep_for(50ms);
-  }
+  const int port = served_port(out0);
   ASSERT_GT(port, 0) << read_file(err0) << read_file(err1);
   const json body = {{"model", "tp"}, {"prompt", "the cat sat"}, {"max_tokens", 12}, {"temperature", 0}};
   const HttpResponse r = fetch(port, "POST", "/v1/completions", dump(body));
