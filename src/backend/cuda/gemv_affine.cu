@@ -12,11 +12,11 @@
 //
 // A small kernel writes that pre-scaled x once per call (with each chunk's 2^(149−S) and Σx) to
 // stream-ordered scratch; the main kernel is launched as its programmatic dependent, so its first
-// code loads go out while x is prepared. In the main kernel a warp owns kRows rows and a slice of the row length
-// (the block's warps split the row, as in gemv_dense.cu, so that few rows still spread over every
-// SM): each lane loads one chunk of all kRows rows at once and reads its x once for all of them.
-// Warps' partial sums meet in shared memory and are added in a fixed order: results depend on
-// neither grid nor scheduling.
+// code loads go out while x is prepared. In the main kernel a warp owns kRows rows and a slice of
+// the row length (the block's warps split the row, as in gemv_dense.cu, so that few rows still
+// spread over every SM): each lane loads one chunk of all kRows rows at once and reads its x once
+// for all of them. Warps' partial sums meet in shared memory and are added in a fixed order:
+// results depend on neither grid nor scheduling.
 #include <cuda_fp16.h>
 
 #include <array>
