@@ -103,9 +103,6 @@ std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint
   if (processes.count > 1) {
     QINFER_CHECK(ranks % processes.count == 0, "--tensor-parallel {}: not divisible over --tp-processes {}", ranks,
                  processes.count);
-    QINFER_CHECK(processes.index >= 0 && processes.index < processes.count,
-                 "--tp-process {}: expected 0..{} (--tp-processes {})", processes.index, processes.count - 1,
-                 processes.count);
     QINFER_CHECK(!processes.address.empty(), "--tp-processes {}: needs --tp-address HOST:PORT (where process 0 "
                  "listens)", processes.count);
     local = ranks / processes.count;

@@ -21,6 +21,16 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
+// What `body` throws ("" when nothing).
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Runs body(group) on `count` threads, each joining as one process; returns each one's error ("" when
 // none). Process 0 listens on a free port first, so the others know where to connect.
 std::vector<std::string> run_processes(int count, const std::function<void(ProcessGroup&)>& body,
@@ -31,7 +41,7 @@ std::vector<std::string> run_processes(int count, const std::function<void(Proce
   std::vector<std::thread> threads;
   for (int p = 0; p < count; ++p) {
     threads.emplace_back([&, p] {
-      try {
+      errors[static_cast<size_t>(p)] = error_of([&] {
         std::unique_ptr<ProcessGroup> group;
         if (p == 0) {
           head->accept_all(timeout);
@@ -40,9 +50,7 @@ std::vector<std::string> run_processes(int count, const std::function<void(Proce
           group = ProcessGroup::join(address, p, count, timeout);
         }
         body(*group);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(p)] = e.what();
-      }
+      });
     });
   }
   for (std::thread& t : threads) t.join();
@@ -107,49 +115,33 @@ TEST(ProcessGroup, AProcessThatLeavesEndsTheOthersCollectivesWithAnError) {
   EXPECT_THAT(errors[2], HasSubstr("a peer process stopped"));
 }
 
+// Process 0 of `count` accepts on a free port while `others(address)` joins there; its error ("" when
+// none).
+std::string head_error_while(int count, const std::function<void(const std::string& address)>& others) {
+  std::unique_ptr<ProcessGroup> head = ProcessGroup::listen("127.0.0.1:0", count);
+  std::string error;
+  std::thread head_thread([&] { error = error_of([&] { head->accept_all(10s); }); });
+  others("127.0.0.1:" + std::to_string(head->port()));
+  head_thread.join();
+  return error;
+}
+
 TEST(ProcessGroup, JoiningErrorsNameWhatIsWrong) {
   // A process index given twice is refused on both sides.
-  {
-    std::unique_ptr<ProcessGroup> head = ProcessGroup::listen("127.0.0.1:0", 3);
-    const std::string address = "127.0.0.1:" + std::to_string(head->port());
-    std::string head_error, second_error;
-    std::thread head_thread([&] {
-      try {
-        head->accept_all(10s);
-      } catch (const std::exception& e) {
-        head_error = e.what();
-      }
-    });
+  std::string second_error;
+  std::string head_error = head_error_while(3, [&](const std::string& address) {
     std::unique_ptr<ProcessGroup> first = ProcessGroup::join(address, 1, 3, 10s);
-    try {
-      (void)ProcessGroup::join(address, 1, 3, 10s);
-    } catch (const std::exception& e) {
-      second_error = e.what();
-    }
-    head_thread.join();
-    EXPECT_THAT(head_error, HasSubstr("--tp-process 1 joined twice"));
-    EXPECT_THAT(second_error, HasSubstr("refused process 1: --tp-process 1 joined twice"));
-  }
+    second_error = error_of([&] { (void)ProcessGroup::join(address, 1, 3, 10s); });
+  });
+  EXPECT_THAT(head_error, HasSubstr("--tp-process 1 joined twice"));
+  EXPECT_THAT(second_error, HasSubstr("refused process 1: --tp-process 1 joined twice"));
   // A different --tp-processes is refused.
-  {
-    std::unique_ptr<ProcessGroup> head = ProcessGroup::listen("127.0.0.1:0", 2);
-    const std::string address = "127.0.0.1:" + std::to_string(head->port());
-    std::string head_error, other_error;
-    std::thread head_thread([&] {
-      try {
-        head->accept_all(10s);
-      } catch (const std::exception& e) {
-        head_error = e.what();
-      }
-    });
-    try {
-      (void)ProcessGroup::join(address, 1, 4, 10s);
-    } catch (const std::exception& e) {
-      other_error = e.what();
-    }
-    head_thread.join();
-    EXPECT_THAT(other_error, HasSubstr("started with --tp-processes 4, process 0 with 2"));
-  }
+  std::string other_error;
+  head_error = head_error_while(2, [&](const std::string& address) {
+    other_error = error_of([&] { (void)ProcessGroup::join(address, 1, 4, 10s); });
+  });
+  EXPECT_THAT(head_error, HasSubstr("started with --tp-processes 4, process 0 with 2"));
+  EXPECT_THAT(other_error, HasSubstr("started with --tp-processes 4, process 0 with 2"));
   // Nobody comes: process 0 names who is missing; a process with nobody to reach gives up.
   EXPECT_THAT([] { (void)ProcessGroup::join("127.0.0.1:0", 0, 3, 300ms); },
               ::testing::ThrowsMessage<Error>(HasSubstr("processes 1, 2 did not join within")));

@@ -1036,7 +1036,8 @@ class CudaOps final : public Ops {
     mode_ = Mode::eager;
   }
 
-  bool replaying_step() const { return replaying(); }
+  // In a replayed step, which launches nothing: its graph holds the work.
+  bool replaying() const { return mode_ == Mode::replaying; }
   void finish() {
     enter();
     synchronize();
@@ -1090,8 +1091,6 @@ class CudaOps final : public Ops {
       if (exec) cudaGraphExecDestroy(exec);
     }
   };
-
-  bool replaying() const { return mode_ == Mode::replaying; }
 
   void start_step(Mode mode) {
     mode_ = mode;
@@ -1423,7 +1422,7 @@ void copy_columns(Ops& ops, const Tensor& src, int64_t src_col, Tensor& dst, int
 
 CUstream_st* stream_of(Ops& ops) { return cuda_ops(ops, "cuda::stream_of").stream(); }
 
-bool enqueues(Ops& ops) { return !cuda_ops(ops, "cuda::enqueues").replaying_step(); }
+bool enqueues(Ops& ops) { return !cuda_ops(ops, "cuda::enqueues").replaying(); }
 
 void finish(Ops& ops) { cuda_ops(ops, "cuda::finish").finish(); }
 
