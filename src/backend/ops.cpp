@@ -30,7 +30,9 @@ void Ops::linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, T
   QINFER_CHECK(x.rank() == 2 && gate.shape().size() == 2 && gate.shape() == up.shape(),
                "{} linear_swiglu: gate [{}] and up [{}] must be matrices of one shape, x [T, in]", name(),
                fmt::join(gate.shape(), ", "), fmt::join(up.shape(), ", "));
-  Tensor g = alloc(DType::f32, {x.dim(0), gate.shape()[0]}), u = alloc(DType::f32, {x.dim(0), up.shape()[0]});
+  // Written whole by linear_many: no zero fill (on a device, a memset of both per layer of a prompt).
+  Tensor g = alloc_output(DType::f32, {x.dim(0), gate.shape()[0]});
+  Tensor u = alloc_output(DType::f32, {x.dim(0), up.shape()[0]});
   linear_many(x, {&gate, &up}, {&g, &u});
   silu_mul(g, u, out);
 }
