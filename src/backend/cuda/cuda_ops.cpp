@@ -345,27 +345,49 @@ class CudaOps final : public Ops {
         QINFER_CUDA_CHECK(cudaEventRecord(upload_done_[i], stream()));
       }
     }
+    // Pieces are packed into the buffer back to back (a rank's column slice of a matrix is one piece
+    // per row: hundreds of thousands of short ones for a MoE layer's experts) and each full buffer
+    // goes over in one transfer.
     ThreadPool& pool = global_thread_pool();
     auto* dst = static_cast<char*>(t.data);
+    char* staging = nullptr;
+    uint64_t filled = 0;
+    int buffer = 0;
+    auto send = [&] {
+      if (filled > 0) {
+        QINFER_CUDA_CHECK(cudaMemcpyAsync(dst, staging, filled, cudaMemcpyHostToDevice, stream()));
+        QINFER_CUDA_CHECK(cudaEventRecord(upload_done_[buffer], stream()));
+        dst += filled;
+      }
+      staging = nullptr;
+      filled = 0;
+    };
+    constexpr uint64_t kSlice = uint64_t{1} << 20;  // copies this long and longer go to the thread pool
     for (const auto& piece : pieces) {
       for (uint64_t offset = 0; offset < piece.size();) {
-        const uint64_t n = std::min<uint64_t>(kUploadChunk, piece.size() - offset);
-        const int b = next_upload_buffer_;
-        next_upload_buffer_ ^= 1;
-        QINFER_CUDA_CHECK(cudaEventSynchronize(upload_done_[b]));  // its previous transfer is done
-        char* staging = upload_buffers_[b];
-        const std::byte* src = piece.data() + offset;
-        constexpr uint64_t kSlice = uint64_t{1} << 20;
-        pool.parallel_for((n + kSlice - 1) / kSlice, [&](size_t begin, size_t end) {
-          const uint64_t lo = begin * kSlice, hi = std::min<uint64_t>(n, end * kSlice);
-          std::memcpy(staging + lo, src + lo, hi - lo);
-        });
-        QINFER_CUDA_CHECK(cudaMemcpyAsync(dst, staging, n, cudaMemcpyHostToDevice, stream()));
-        QINFER_CUDA_CHECK(cudaEventRecord(upload_done_[b], stream()));
-        dst += n;
+        if (!staging) {
+          buffer = next_upload_buffer_;
+          next_upload_buffer_ ^= 1;
+          QINFER_CUDA_CHECK(cudaEventSynchronize(upload_done_[buffer]));  // its previous transfer is done
+          staging = upload_buffers_[buffer];
+        }
+        const uint64_t n = std::min<uint64_t>(kUploadChunk - filled, piece.size() - offset);
+        char* to = staging + filled;
+        const std::byte* from = piece.data() + offset;
+        if (n < kSlice) {
+          std::memcpy(to, from, n);
+        } else {
+          pool.parallel_for((n + kSlice - 1) / kSlice, [&](size_t begin, size_t end) {
+            const uint64_t lo = begin * kSlice, hi = std::min<uint64_t>(n, end * kSlice);
+            std::memcpy(to + lo, from + lo, hi - lo);
+          });
+        }
+        filled += n;
         offset += n;
+        if (filled == kUploadChunk) send();
       }
     }
+    send();
     return t;
   }
 
