@@ -10,13 +10,16 @@
 // |x| or |s·x| beyond ~2^100 overflows, and a chunk whose largest |x| is below ~2^-80 keeps less than
 // f32 precision in its own (negligible) share of the sum; no activation comes near either.
 //
-// A small kernel writes that pre-scaled x once per call (with each chunk's 2^(149−S) and Σx) to
-// stream-ordered scratch; the main kernel is launched as its programmatic dependent, so its first
-// code loads go out while x is prepared. In the main kernel a warp owns kRows rows and a slice of
-// the row length (the block's warps split the row, as in gemv_dense.cu, so that few rows still
-// spread over every SM): each lane loads one chunk of all kRows rows at once and reads its x once
-// for all of them. Warps' partial sums meet in shared memory and are added in a fixed order:
-// results depend on neither grid nor scheduling.
+// The kernel is a persistent grid (a few blocks per SM), each block owning a contiguous run of row
+// groups (kRows rows each). Work is split into tasks, a row group × a slice of the row length, and
+// the block's warps take tasks in turn; a lane reads one 16-byte chunk of each of the kRows rows per
+// step. Per lane two steps are in flight at once (double buffering across task boundaries), so HBM
+// keeps streaming while a warp decodes: the decode costs about as many instructions as the bytes
+// take to arrive, and without overlap the two add up. Each block first issues its first two steps'
+// code loads, then (once the previous kernel is done) writes the pre-scaled x with each chunk's
+// 2^(149−S) and Σx to shared memory: no separate kernel and no dependent launch in between. Warps'
+// per-task sums meet in shared memory and are added in a fixed order: results depend on neither
+// grid nor scheduling.
 #include <cuda_fp16.h>
 
 #include <array>
@@ -28,10 +31,9 @@ namespace qinfer::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kRows = 8;  // rows per warp: kRows 16-byte loads in flight per lane
-// Two blocks per SM within 128 registers a thread, no spills: 16 warps × 32 lanes × kRows·16 code
-// bytes = 64 KiB in flight per SM, what Little's law asks at ~4.3 TB/s.
-constexpr int kBlocksPerSm = 2;
+constexpr int kRows = 4;         // rows per task: a lane has kRows 16-byte loads per step
+constexpr int kBlocksPerSm = 2;  // within 128 registers a thread, no spills
+constexpr int kMinSteps = 4;     // a slice gives each lane at least this many steps where the row allows (2: 3% slower 8B decode)
 
 // How affine scales and biases are stored: Raw is loaded, decode gives the f32 value.
 struct ScaleF32 {
@@ -51,204 +53,216 @@ struct ScaleF16 {
 template <int kBits>
 struct Layout {
   static constexpr int kChunk = 128 / kBits;  // elements per 16-byte chunk of codes
+  static constexpr int kUnits = kChunk / 4;   // float4s of x per chunk
   static constexpr int kWordCodes = 32 / kBits;
   static constexpr int kHalfCodes = 16 / kBits;  // codes per 16-bit half: bit position p = kBits·(k % this)
   static constexpr uint32_t kMask = (1u << kBits) - 1u;
+  // Where float4 i of chunk c's x sits in shared memory: the 8 lanes of one 16-byte shared load read
+  // consecutive chunks, which the swizzle spreads over all 32 banks.
+  __device__ static int64_t unit(int64_t c, int i) { return c * kUnits + (i ^ static_cast<int>((c * kUnits / 8) % kUnits)); }
 };
 
-// The matrices of one launch, sharing x and its quantization layout: matrix i owns blocks
-// [first_block[i], first_block[i + 1]); a block's warps form kWarps / split row groups of kRows
-// rows, each row split into `split` slices.
+// The matrices of one launch, sharing x and its quantization layout: matrix i owns row groups
+// [first_group[i], first_group[i + 1]); each row is cut into 2^split_shift slices of `steps` steps or fewer.
 struct AffineBatch {
-  int count, split, group_shift;
-  int64_t chunks, row_bytes, groups;  // per row; chunks: 16-byte code chunks
+  int count, split_shift, group_shift;  // split = 2^split_shift
+  int64_t chunks, row_bytes, groups, steps;  // per row; chunks: 16-byte code chunks
   const char* codes[kMaxGemvMatrices];
   const void* scales[kMaxGemvMatrices];
   const void* biases[kMaxGemvMatrices];
   float* y[kMaxGemvMatrices];
   int64_t rows[kMaxGemvMatrices];
-  int64_t first_block[kMaxGemvMatrices + 1];
+  int64_t first_group[kMaxGemvMatrices + 1];
 };
 
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
 
-// Streamed code bytes skip L1, which keeps x and the scales (shared by neighbouring lanes) cached there.
+// Streamed code bytes skip L1, which keeps the scales (shared by neighbouring lanes) cached there.
 __device__ __forceinline__ void load_chunk(const char* p, uint32_t (&dst)[4]) {
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(dst[0]), "=r"(dst[1]), "=r"(dst[2]), "=r"(dst[3])
                : "l"(p));
 }
 
-// Chunk c's x as the dot reads it: xs[k] = x_k·2^(S−p_k), and meta = (2^(149−S), Σx in a fixed order).
-template <int kBits>
-__global__ void __launch_bounds__(256) prepare_x_kernel(const float* __restrict__ x, int64_t chunks,
-                                                        float* __restrict__ xs, float2* __restrict__ meta) {
-  using L = Layout<kBits>;
-  allow_next_kernel();
-  wait_for_previous_kernel();
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= chunks) return;
-  float v[L::kChunk];
-#pragma unroll
-  for (int i = 0; i < L::kChunk / 4; ++i) {
-    const float4 f = load_after_wait(reinterpret_cast<const float4*>(x + c * L::kChunk) + i);
-    v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-  }
-  float top = 0.0f, sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < L::kChunk; ++i) top = fmaxf(top, fabsf(v[i])), sum += v[i];
-  // |x| < 2^(e − 126) for biased exponent e, so |x|·2^S < 2^126 with S = 252 − e; S ≤ 127 keeps
-  // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite.
-  const int e = static_cast<int>(__float_as_uint(top) >> 23);
-  const int S = min(max(252 - e, 22), 127);
-#pragma unroll
-  for (int i = 0; i < L::kChunk / 4; ++i) {
-    float4 f;
-    f.x = v[4 * i] * pow2(S - kBits * ((4 * i) % L::kHalfCodes));
-    f.y = v[4 * i + 1] * pow2(S - kBits * ((4 * i + 1) % L::kHalfCodes));
-    f.z = v[4 * i + 2] * pow2(S - kBits * ((4 * i + 2) % L::kHalfCodes));
-    f.w = v[4 * i + 3] * pow2(S - kBits * ((4 * i + 3) % L::kHalfCodes));
-    reinterpret_cast<float4*>(xs + c * L::kChunk)[i] = f;
-  }
-  meta[c] = make_float2(pow2(149 - S), sum);
-}
+// One step of one lane: chunk c (−1: none) of the task's kRows rows.
+template <class Raw>
+struct Step {
+  int64_t task, index, c;
+  uint32_t raw[kRows][4];
+  Raw scale[kRows], bias[kRows];
+};
 
 template <int kBits, class Scale>
 __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
-    gemv_affine_kernel(const float* __restrict__ xs, const float2* __restrict__ meta,
-                       const __grid_constant__ AffineBatch b) {
+    gemv_affine_kernel(const float* __restrict__ x, const __grid_constant__ AffineBatch b) {
   using L = Layout<kBits>;
   using Raw = typename Scale::Raw;
-  __shared__ float partial[kWarps][kRows];
+  extern __shared__ float4 shared[];
+  float4* xs = shared;                                             // chunks × kUnits, swizzled
+  float2* meta = reinterpret_cast<float2*>(xs + b.chunks * L::kUnits);  // (2^(149−S), Σx) per chunk
+  float* partial = reinterpret_cast<float*>(meta + b.chunks);       // tasks × kRows
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  int m = 0;
-  while (m + 1 < b.count && blockIdx.x >= b.first_block[m + 1]) ++m;
-  const int row_groups = kWarps / b.split, row_group = warp / b.split, slice = warp % b.split;
-  const int64_t block_row0 = (static_cast<int64_t>(blockIdx.x) - b.first_block[m]) * row_groups * kRows;
-  const int64_t rows = b.rows[m], row0 = block_row0 + static_cast<int64_t>(row_group) * kRows;
-  // Warp `warp` takes chunks [begin, end) of its rows; a short last group re-reads its last row
-  // (and drops those sums), a group past the matrix's end reads nothing.
-  const int64_t begin = b.chunks * slice / b.split, end = row0 < rows ? b.chunks * (slice + 1) / b.split : begin;
-  const int live = static_cast<int>(rows - row0 < kRows ? rows - row0 : kRows);
-  const char* codes = b.codes[m] + row0 * b.row_bytes;
-  const Raw* scales = static_cast<const Raw*>(b.scales[m]) + row0 * b.groups;
-  const Raw* biases = static_cast<const Raw*>(b.biases[m]) + row0 * b.groups;
+  const int64_t total = b.first_group[b.count];
+  const int64_t group0 = total * blockIdx.x / gridDim.x, group_end = total * (blockIdx.x + 1) / gridDim.x;
+  const int64_t tasks = (group_end - group0) << b.split_shift;
 
-  float acc[kRows] = {};
-  uint32_t raw[kRows][4];
-  Raw scale[kRows], bias[kRows];
-  auto load = [&](int64_t c) {
-    const int64_t group = (c * L::kChunk) >> b.group_shift;
-    const char* row_codes = codes + c * 16;
-    const Raw *row_scale = scales + group, *row_bias = biases + group;
+  // Loads step `index` of `task` (a warp's tasks are warp, warp + kWarps, ...); false past the last.
+  // split is a power of two: the per-step arithmetic is shifts, not 64-bit divisions.
+  auto load = [&](int64_t task, int64_t index, Step<Raw>& s) {
+    s.task = task, s.index = index, s.c = -1;
+    if (task >= tasks) return false;
+    const int64_t group = group0 + (task >> b.split_shift);
+    const int64_t slice = task & ((int64_t{1} << b.split_shift) - 1);
+    int m = 0;
+    while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
+    const int64_t row0 = (group - b.first_group[m]) * kRows, rows = b.rows[m];
+    const int64_t end = (b.chunks * (slice + 1)) >> b.split_shift;
+    const int64_t c = ((b.chunks * slice) >> b.split_shift) + lane + kWarp * index;
+    if (c >= end) return true;
+    s.c = c;
+    const int64_t scale_at = (c * L::kChunk) >> b.group_shift;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      load_chunk(row_codes, raw[r]);
-      scale[r] = __ldg(row_scale);
-      bias[r] = __ldg(row_bias);
-      if (r + 1 < live) row_codes += b.row_bytes, row_scale += b.groups, row_bias += b.groups;
+      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;  // a short last group re-reads a row
+      load_chunk(b.codes[m] + row * b.row_bytes + c * 16, s.raw[r]);
+      s.scale[r] = __ldg(static_cast<const Raw*>(b.scales[m]) + row * b.groups + scale_at);
+      s.bias[r] = __ldg(static_cast<const Raw*>(b.biases[m]) + row * b.groups + scale_at);
     }
+    return true;
   };
-  // The first codes are on their way while prepare_x_kernel runs; x is read after it has finished.
-  allow_next_kernel();
-  if (begin + lane < end) load(begin + lane);
-  wait_for_previous_kernel();
-  for (int64_t c = begin + lane; c < end; c += kWarp) {
-    if (c != begin + lane) load(c);
-    const float2 chunk = load_after_wait(meta + c);
-    const float4* x = reinterpret_cast<const float4*>(xs + c * L::kChunk);
-    float dot[kRows] = {};
+  auto advance = [&](const Step<Raw>& s, int64_t& task, int64_t& index) {
+    task = s.task, index = s.index + 1;
+    if (index == b.steps) task += kWarps, index = 0;
+  };
+
+  float acc[kRows] = {};
+  // Adds step s to acc; after a task's last step, its sums go to shared memory.
+  auto consume = [&](const Step<Raw>& s) {
+    if (s.c >= 0) {
+      const float2 chunk = meta[s.c];
+      float dot[kRows] = {};
 #pragma unroll
-    for (int word = 0; word < 4; ++word) {
-      float xv[L::kWordCodes];
+      for (int word = 0; word < 4; ++word) {
+        float xv[L::kWordCodes];
 #pragma unroll
-      for (int i = 0; i < L::kWordCodes / 4; ++i) {
-        const float4 f = load_after_wait(x + word * (L::kWordCodes / 4) + i);
-        xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+        for (int i = 0; i < L::kWordCodes / 4; ++i) {
+          const float4 f = xs[L::unit(s.c, word * (L::kWordCodes / 4) + i)];
+          xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const uint32_t lo = s.raw[r][word], hi = lo >> 16;
+#pragma unroll
+          for (int j = 0; j < L::kWordCodes; ++j) {
+            const uint32_t bits = (j < L::kHalfCodes ? lo : hi) & (L::kMask << (kBits * (j % L::kHalfCodes)));
+            dot[r] = __fmaf_rn(__uint_as_float(bits), xv[j], dot[r]);
+          }
+        }
       }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const uint32_t lo = raw[r][word], hi = lo >> 16;
-#pragma unroll
-        for (int j = 0; j < L::kWordCodes; ++j) {
-          const uint32_t bits = (j < L::kHalfCodes ? lo : hi) & (L::kMask << (kBits * (j % L::kHalfCodes)));
-          dot[r] = __fmaf_rn(__uint_as_float(bits), xv[j], dot[r]);
-        }
+        // dot·2^(149−S) first: exact (a power of two), and finite wherever the true partial sum is.
+        acc[r] = __fmaf_rn(Scale::decode(s.scale[r]), dot[r] * chunk.x, __fmaf_rn(Scale::decode(s.bias[r]), chunk.y, acc[r]));
       }
     }
+    if (s.index + 1 == b.steps) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      // dot·2^(149−S) first: exact (a power of two), and finite wherever the true partial sum is.
-      acc[r] = __fmaf_rn(Scale::decode(scale[r]), dot[r] * chunk.x, __fmaf_rn(Scale::decode(bias[r]), chunk.y, acc[r]));
+      for (int r = 0; r < kRows; ++r) {
+        const float sum = warp_sum(acc[r]);
+        if (lane == 0) partial[s.task * kRows + r] = sum;
+        acc[r] = 0.0f;
+      }
     }
-  }
+  };
+
+  // The first two steps' codes are on their way before x (the previous kernel's output) is read.
+  allow_next_kernel();
+  Step<Raw> a, c;
+  int64_t task = warp, index = 0;
+  bool more_a = load(task, index, a);
+  advance(a, task, index);
+  bool more_c = load(task, index, c);
+  wait_for_previous_kernel();
+  for (int64_t k = threadIdx.x; k < b.chunks; k += blockDim.x) {
+    float v[L::kChunk];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float sum = warp_sum(acc[r]);
-    if (lane == 0) partial[warp][r] = sum;
+    for (int i = 0; i < L::kUnits; ++i) {
+      const float4 f = load_after_wait(reinterpret_cast<const float4*>(x + k * L::kChunk) + i);
+      v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+    }
+    float top = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < L::kChunk; ++i) top = fmaxf(top, fabsf(v[i])), sum += v[i];
+    // |x| < 2^(e − 126) for biased exponent e, so |x|·2^S < 2^126 with S = 252 − e; S ≤ 127 keeps
+    // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite.
+    const int e = static_cast<int>(__float_as_uint(top) >> 23);
+    const int S = min(max(252 - e, 22), 127);
+#pragma unroll
+    for (int i = 0; i < L::kUnits; ++i) {
+      float4 f;
+      f.x = v[4 * i] * pow2(S - kBits * ((4 * i) % L::kHalfCodes));
+      f.y = v[4 * i + 1] * pow2(S - kBits * ((4 * i + 1) % L::kHalfCodes));
+      f.z = v[4 * i + 2] * pow2(S - kBits * ((4 * i + 2) % L::kHalfCodes));
+      f.w = v[4 * i + 3] * pow2(S - kBits * ((4 * i + 3) % L::kHalfCodes));
+      xs[L::unit(k, i)] = f;
+    }
+    meta[k] = make_float2(pow2(149 - S), sum);
   }
   __syncthreads();
-  if (threadIdx.x < row_groups * kRows) {
-    const int group = static_cast<int>(threadIdx.x) / kRows, r = static_cast<int>(threadIdx.x) % kRows;
-    const int64_t row = block_row0 + static_cast<int64_t>(group) * kRows + r;
-    if (row < rows) {
-      float sum = 0.0f;
-      for (int s = 0; s < b.split; ++s) sum += partial[group * b.split + s][r];
-      b.y[m][row] = sum;
-    }
+  // Two steps in flight per lane: while one is decoded the other (and then its successor) loads.
+  while (more_a) {
+    consume(a);
+    advance(c, task, index);
+    more_a = load(task, index, a);
+    if (!more_c) break;
+    consume(c);
+    advance(a, task, index);
+    more_c = load(task, index, c);
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < (group_end - group0) * kRows; i += blockDim.x) {
+    const int64_t group = group0 + i / kRows;
+    int m = 0;
+    while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
+    const int64_t row = (group - b.first_group[m]) * kRows + i % kRows;
+    if (row >= b.rows[m]) continue;
+    float sum = 0.0f;
+    const int64_t first = (i / kRows) << b.split_shift;
+    for (int64_t s = 0; s < (int64_t{1} << b.split_shift); ++s) sum += partial[(first + s) * kRows + i % kRows];
+    b.y[m][row] = sum;
   }
 }
 
-// SMs per device, read from the driver once (a launch must not wait on attribute queries).
-int sm_count() {
+// A device attribute, read from the driver once per device (a launch must not wait on queries).
+template <cudaDeviceAttr kAttribute>
+int device_attribute() {
   constexpr int kDevices = 64;
   static std::array<std::atomic<int>, kDevices> cache{};
   int device = 0;
   QINFER_CUDA_CHECK(cudaGetDevice(&device));
   std::atomic<int>* slot = device < kDevices ? &cache[device] : nullptr;
-  int sms = slot ? slot->load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    QINFER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    if (slot) slot->store(sms, std::memory_order_relaxed);
+  int value = slot ? slot->load(std::memory_order_relaxed) : 0;
+  if (value == 0) {
+    QINFER_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttribute, device));
+    if (slot) slot->store(value, std::memory_order_relaxed);
   }
-  return sms;
-}
-
-// Blocks for b at its split; also fills first_block.
-int64_t plan_blocks(AffineBatch& b) {
-  const int64_t block_rows = static_cast<int64_t>(kWarps / b.split) * kRows;
-  for (int i = 0; i < b.count; ++i) b.first_block[i + 1] = b.first_block[i] + (b.rows[i] + block_rows - 1) / block_rows;
-  return b.first_block[b.count];
+  return value;
 }
 
 template <int kBits, class Scale>
-void launch_kernel(const float* x, AffineBatch& b, cudaStream_t stream) {
-  // Warps split a row only as far as a warp's 32 lanes have a chunk each, and further while the
-  // blocks are fewer than the SMs.
-  b.split = 1;
-  while (b.split < kWarps && b.split * kWarp < b.chunks) b.split *= 2;
-  int64_t blocks = plan_blocks(b);
-  const int sms = sm_count();
-  while (b.split < kWarps && blocks < sms) b.split *= 2, blocks = plan_blocks(b);
-  if (blocks == 0) return;
-
-  using L = Layout<kBits>;
-  const int64_t in = b.chunks * L::kChunk;
-  void* scratch = nullptr;
-  QINFER_CUDA_CHECK(cudaMallocAsync(&scratch, in * sizeof(float) + b.chunks * sizeof(float2), stream));
-  float* xs = static_cast<float*>(scratch);
-  float2* meta = reinterpret_cast<float2*>(xs + in);  // in is a multiple of 32: aligned
-  launch_overlapped(prepare_x_kernel<kBits>, static_cast<unsigned>((b.chunks + 255) / 256), 256, 0, stream, x,
-                    b.chunks, xs, meta);
-  launch_overlapped(gemv_affine_kernel<kBits, Scale>, static_cast<unsigned>(blocks), kWarps * kWarp, 0, stream, xs,
-                    meta, b);
-  QINFER_CUDA_CHECK(cudaFreeAsync(scratch, stream));
+void launch_kernel(const float* x, const AffineBatch& b, unsigned blocks, size_t shared, cudaStream_t stream) {
+  // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
+  if (shared > 48 * 1024)
+    QINFER_CUDA_CHECK(cudaFuncSetAttribute(gemv_affine_kernel<kBits, Scale>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  launch_overlapped(gemv_affine_kernel<kBits, Scale>, blocks, kWarps * kWarp, shared, stream, x, b);
 }
 
 template <class Scale>
-void launch_scaled(const float* x, AffineBatch& b, int bits, cudaStream_t stream) {
-  if (bits == 8) return launch_kernel<8, Scale>(x, b, stream);
-  launch_kernel<4, Scale>(x, b, stream);
+void launch_scaled(const float* x, const AffineBatch& b, int bits, unsigned blocks, size_t shared,
+                   cudaStream_t stream) {
+  if (bits == 8) return launch_kernel<8, Scale>(x, b, blocks, shared, stream);
+  launch_kernel<4, Scale>(x, b, blocks, shared, stream);
 }
 
 // Whether the kernel takes w, and w with the batch's first matrix shares x's layout.
@@ -282,9 +296,24 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
   b.group_shift = first.group_shift;
   b.row_bytes = first.row_words * 4;
   b.groups = first.in >> first.group_shift;
-  if (first.scale_dtype == DType::bf16) launch_scaled<ScaleBf16>(x, b, first.bits, stream);
-  else if (first.scale_dtype == DType::f16) launch_scaled<ScaleF16>(x, b, first.bits, stream);
-  else launch_scaled<ScaleF32>(x, b, first.bits, stream);
+  // Slices long enough for kMinSteps steps a lane (pipelining needs more than one), at most kWarps.
+  int64_t split = 1;
+  while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
+  b.steps = ((b.chunks + split - 1) / split + kWarp - 1) / kWarp;
+  for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + (b.rows[i] + kRows - 1) / kRows;
+  const int64_t groups = b.first_group[b.count];
+  if (groups == 0) return true;
+  // A persistent grid: kBlocksPerSm blocks an SM, fewer where the blocks would get under a task a warp.
+  const int64_t blocks = std::clamp<int64_t>((groups * split + kWarps - 1) / kWarps, 1,
+                                             int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>());
+  const int64_t block_groups = (groups + blocks - 1) / blocks;
+  const size_t shared = static_cast<size_t>(first.in * sizeof(float) + b.chunks * sizeof(float2) +
+                                            block_groups * split * kRows * sizeof(float));
+  if (shared > static_cast<size_t>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
+  const auto grid = static_cast<unsigned>(blocks);
+  if (first.scale_dtype == DType::bf16) launch_scaled<ScaleBf16>(x, b, first.bits, grid, shared, stream);
+  else if (first.scale_dtype == DType::f16) launch_scaled<ScaleF16>(x, b, first.bits, grid, shared, stream);
+  else launch_scaled<ScaleF32>(x, b, first.bits, grid, shared, stream);
   return true;
 }
 
