@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/log.h"
 #ifdef QINFER_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
 #endif
@@ -184,9 +185,44 @@ TensorParallelModel::TensorParallelModel(const Checkpoint& checkpoint, std::vect
     shut_down();  // the destructor does not run for a constructor that throws
     throw;
   }
+  if (processes != nullptr && processes->count() > 1) watcher_ = std::thread([this] { watch_peers(); });
+}
+
+void TensorParallelModel::watch_peers() {
+  constexpr auto kDepartureGrace = std::chrono::seconds(5);
+  int gone = -1;
+  while (gone < 0) {
+    {
+      std::lock_guard lock(watch_mutex_);
+      if (watch_stopped_) return;
+    }
+    gone = placement_.processes->departed(std::chrono::milliseconds(200));
+  }
+  {
+    std::unique_lock lock(watch_mutex_);
+    if (watch_stop_.wait_for(lock, kDepartureGrace, [&] { return watch_stopped_; })) return;
+  }
+  const std::string why = fmt::format("process {} of the group is gone (its connection closed)", gone);
+  log_error("tensor parallel: {}; ending the group's collectives", why);
+  {
+    std::lock_guard lock(mutex_);
+    if (failed_.empty()) failed_ = why;
+  }
+  for (const auto& comm : nccl_)
+    if (comm) comm->abort();
+}
+
+void TensorParallelModel::stop_watching() {
+  {
+    std::lock_guard lock(watch_mutex_);
+    watch_stopped_ = true;
+  }
+  watch_stop_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 TensorParallelModel::~TensorParallelModel() {
+  stop_watching();  // before process 0 tells the others to stop (they then leave)
   if (leading_) {
     try {
       tell_followers(Writer(Op::stop).bytes());
@@ -201,6 +237,7 @@ void TensorParallelModel::shut_down() {
   // A rank's model, Ops and communicator go on its own thread (NCCL tears a group down together),
   // the communicator last: the Ops' recorded steps hold its collectives, and NCCL waits for those
   // graphs to be freed before it lets the communicator go.
+  stop_watching();
   {
     std::lock_guard lock(mutex_);
     failed_.clear();

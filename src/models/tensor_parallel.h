@@ -70,6 +70,14 @@ class TensorParallelModel final : public Runner {
   void shut_down();
   // Process 0 of a leading group: `message` to every other process.
   void tell_followers(const std::vector<char>& message) const;
+  // A group over processes: NCCL has no timeout, so a GPU collective whose peer process died waits
+  // forever. This thread watches the group's connections; once one closes and the group is not
+  // stopped within kDepartureGrace (a peer that finished normally leaves only after its last
+  // collective, which this process has then finished too), it marks the group failed and aborts the
+  // NCCL communicators: a forward waiting on the dead peer ends with an error, later ones fail at
+  // once naming the peer. (Host ranks' sums fail on the closed connection by themselves.)
+  void watch_peers();
+  void stop_watching();
 
   io::TextConfig config_;
   std::vector<std::unique_ptr<Ops>> ops_;
@@ -89,6 +97,11 @@ class TensorParallelModel final : public Runner {
   std::exception_ptr error_;  // the job's first failure
   std::string failed_;        // why the group stopped, once a job failed
   std::vector<std::thread> workers_;  // ranks 1..N-1
+
+  std::thread watcher_;
+  std::mutex watch_mutex_;
+  std::condition_variable watch_stop_;
+  bool watch_stopped_ = false;
 };
 
 }  // namespace qinfer::models

@@ -192,6 +192,19 @@ ProcessGroup::~ProcessGroup() {
   if (listener_ >= 0) close(listener_);
 }
 
+int ProcessGroup::departed(std::chrono::milliseconds timeout) const {
+  std::vector<pollfd> fds;
+  for (int fd : sockets_) fds.push_back(pollfd{fd, POLLRDHUP, 0});
+  if (fds.empty()) {
+    std::this_thread::sleep_for(timeout);
+    return -1;
+  }
+  if (poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return -1;
+  for (size_t i = 0; i < fds.size(); ++i)
+    if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) return index_ == 0 ? static_cast<int>(i) + 1 : 0;
+  return -1;
+}
+
 int ProcessGroup::peer(int p) const { return index_ == 0 ? sockets_.at(static_cast<size_t>(p - 1)) : sockets_.at(0); }
 
 void ProcessGroup::send(int fd, const void* data, size_t bytes) const {

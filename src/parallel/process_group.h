@@ -48,6 +48,10 @@ class ProcessGroup {
   // length; a process that passes another fails the collective on all of them.
   void all_reduce_sum(std::span<float> values);
 
+  // The index of a process whose connection has closed (it exited or crashed), waiting at most
+  // `timeout` for one; -1 if none. Reads nothing: safe beside the collectives of another thread.
+  int departed(std::chrono::milliseconds timeout) const;
+
  private:
   ProcessGroup(int index, int count) : index_(index), count_(count) {}
   void send(int fd, const void* data, size_t bytes) const;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <thread>
 
 #include "core/error.h"
@@ -113,6 +114,26 @@ TEST(ProcessGroup, AProcessThatLeavesEndsTheOthersCollectivesWithAnError) {
   EXPECT_THAT(errors[0], HasSubstr("a peer process stopped"));
   // Process 2 learns it from process 0, whose failure closes its sockets in turn.
   EXPECT_THAT(errors[2], HasSubstr("a peer process stopped"));
+}
+
+TEST(ProcessGroup, DepartedNamesTheProcessWhoseConnectionClosed) {
+  std::promise<void> checked;
+  const std::shared_future<void> ready = checked.get_future().share();
+  int before = 0, after = 0, seen_by_1 = 0;
+  const auto errors = run_processes(3, [&](ProcessGroup& g) {
+    if (g.index() == 0) {
+      before = g.departed(50ms);  // everyone is still there
+      checked.set_value();
+      after = g.departed(10s);  // process 2 leaves; process 0 then leaves too
+    } else {
+      ready.wait();
+      if (g.index() == 1) seen_by_1 = g.departed(10s);
+    }
+  });
+  EXPECT_EQ(errors, (std::vector<std::string>{"", "", ""}));
+  EXPECT_EQ(before, -1);
+  EXPECT_EQ(after, 2);
+  EXPECT_EQ(seen_by_1, 0);
 }
 
 // Process 0 of `count` accepts on a free port while `others(address)` joins there; its error ("" when
@@ -227,4 +248,30 @@ TEST(ProcessGroup, HostRanksAcrossProcessesAreOnePerProcess) {
 }
 
 }  // namespace
+TEST(ProcessGroup, AGroupWhosePeerIsGoneFailsItsNextForwardNamingIt) {
+  const models::Checkpoint checkpoint = models::open_checkpoint(golden::kGolden / "qwen3");
+  std::unique_ptr<ProcessGroup> head = ProcessGroup::listen("127.0.0.1:0", 2);
+  const std::string address = "127.0.0.1:" + std::to_string(head->port());
+  std::string error;
+  std::thread leaver([&] {
+    models::Placement placement{1, 2, ProcessGroup::join(address, 1, 2, 20s)};
+    std::vector<std::unique_ptr<Ops>> rank_ops;
+    rank_ops.push_back(make_ref_ops());
+    models::TensorParallelModel group(checkpoint, std::move(rank_ops), {}, std::move(placement));
+  });  // loads its ranks and leaves
+  head->accept_all(20s);
+  models::Placement placement{0, 2, std::move(head)};
+  std::vector<std::unique_ptr<Ops>> rank_ops;
+  rank_ops.push_back(make_ref_ops());
+  models::TensorParallelModel group(checkpoint, std::move(rank_ops), {}, std::move(placement));
+  leaver.join();
+  std::this_thread::sleep_for(6s);  // past the watch's grace period
+  ModelCache cache = group.cache_for(64, 1);
+  SequenceCache a;
+  models::Batch batch;
+  batch.sequences.push_back({{3, 1, 4}, &a, false});
+  error = error_of([&] { (void)group.forward(batch, cache); });
+  EXPECT_THAT(error, HasSubstr("process 1 of the group is gone"));
+}
+
 }  // namespace qinfer::parallel
