@@ -327,6 +327,57 @@ TEST(ServeCommand, AGroupOverTwoProcessesServesAsOne) {
   EXPECT_EQ(read_file(out1), "");
 }
 
+// A follower that dies ends the group, not the server: process 0 answers later requests with an
+// error that names the group's failure, keeps serving its other endpoints, and stops on SIGTERM.
+TEST(ServeCommand, AGroupWhoseFollowerDiesAnswersWithAnErrorAndStaysUp) {
+  ASSERT_TRUE(fs::exists(QINFER_BINARY));
+  qinfer::testing::TempDir dir;
+  const fs::path golden = fs::path(QINFER_TEST_DATA) / "golden" / "qwen3";
+  for (const char* file : {"config.json", "model.safetensors"}) fs::copy_file(golden / file, dir / file);
+  const fs::path mini = repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini";
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(mini / file, dir / file);
+  std::unique_ptr<parallel::ProcessGroup> probe = parallel::ProcessGroup::listen("127.0.0.1:0", 2);
+  const std::string meet = "127.0.0.1:" + std::to_string(probe->port());
+  probe.reset();
+  auto start = [&](const char* index, const fs::path& out, const fs::path& err) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      freopen(out.c_str(), "w", stdout);
+      freopen(err.c_str(), "w", stderr);
+      execl(QINFER_BINARY, QINFER_BINARY, "serve", "--model", dir.path().c_str(), "--port", "0", "--device", "cpu",
+            "--tensor-parallel", "2", "--tp-processes", "2", "--tp-process", index, "--tp-address", meet.c_str(),
+            "--served-model-name", "tp", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  const fs::path out0 = dir / "0.out", err0 = dir / "0.err", out1 = dir / "1.out", err1 = dir / "1.err";
+  const pid_t follower = start("1", out1, err1), leader = start("0", out0, err0);
+  ASSERT_GT(follower, 0);
+  ASSERT_GT(leader, 0);
+  const int port = served_port(out0);
+  ASSERT_GT(port, 0) << read_file(err0) << read_file(err1);
+  const json body = {{"model", "tp"}, {"prompt", "the cat sat"}, {"max_tokens", 4}, {"temperature", 0}};
+  ASSERT_EQ(fetch(port, "POST", "/v1/completions", dump(body)).status, 200);
+  kill(follower, SIGKILL);
+  int status = 0;
+  waitpid(follower, &status, 0);
+  for (int i = 0; i < 2; ++i) {  // the request that meets the dead peer, and one after
+    const HttpResponse r = fetch(port, "POST", "/v1/completions", dump(body));
+    EXPECT_EQ(r.status, 500) << r.body;
+    EXPECT_THAT(r.body, HasSubstr("a peer process stopped")) << r.body;
+  }
+  EXPECT_EQ(fetch(port, "GET", "/v1/models").status, 200);
+  kill(leader, SIGTERM);
+  for (int i = 0; i < 200 && waitpid(leader, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
+  if (waitpid(leader, &status, WNOHANG) == 0) {
+    kill(leader, SIGKILL);
+    waitpid(leader, &status, 0);
+    FAIL() << "process 0 did not stop on SIGTERM: " << read_file(err0);
+  }
+  EXPECT_TRUE(WIFEXITED(status)) << read_file(err0);
+}
+
 TEST(ServeCommand, RefusesAnAddressInUse) {
   ASSERT_TRUE(fs::exists(QINFER_BINARY));
   ScriptedGenerator generator;
