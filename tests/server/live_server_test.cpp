@@ -238,6 +238,15 @@ int served_port(const fs::path& out) {
   return 0;
 }
 
+// Waits up to 10 s for `pid` to exit, then kills it; whether it exited by itself (`status`: its wait status).
+bool exits_within_10s(pid_t pid, int& status) {
+  for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
+  if (waitpid(pid, &status, WNOHANG) != 0) return true;
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return false;
+}
+
 // `qinfer serve` as a user runs it: prints the URL, serves, stops cleanly on SIGTERM.
 TEST(ServeCommand, StartsServesAndStopsOnSigterm) {
   ASSERT_TRUE(fs::exists(QINFER_BINARY)) << QINFER_BINARY << " is not built (cmake --build <dir> --target qinfer)";
@@ -263,119 +272,99 @@ TEST(ServeCommand, StartsServesAndStopsOnSigterm) {
   EXPECT_EQ(chat.status, 200) << chat.body;
   kill(pid, SIGTERM);
   int status = 0;
-  for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
-  if (waitpid(pid, &status, WNOHANG) == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "qinfer serve did not stop on SIGTERM";
-  }
+  if (!exits_within_10s(pid, status)) FAIL() << "qinfer serve did not stop on SIGTERM";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(err);
   EXPECT_THAT(read_file(err), HasSubstr("stopping"));
 }
+
+// `qinfer serve` as the two processes of a tensor-parallel group (one cpu rank each) over golden
+// fixture `fixture` with the mini tokenizer: process 1 (the follower) starts first, then process 0.
+struct ServeGroup {
+  qinfer::testing::TempDir dir;
+  fs::path out[2], err[2];
+  pid_t pid[2] = {-1, -1};
+  int port = 0;  // process 0's, once it serves; 0 if it did not within 30 s
+
+  explicit ServeGroup(const char* fixture) {
+    const fs::path golden = fs::path(QINFER_TEST_DATA) / "golden" / fixture;
+    for (const char* file : {"config.json", "model.safetensors"}) fs::copy_file(golden / file, dir / file);
+    const fs::path mini = repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini";
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(mini / file, dir / file);
+  }
+
+  void start() {
+    // A free port for the group to meet at.
+    std::unique_ptr<parallel::ProcessGroup> probe = parallel::ProcessGroup::listen("127.0.0.1:0", 2);
+    const std::string meet = "127.0.0.1:" + std::to_string(probe->port());
+    probe.reset();
+    for (int p : {1, 0}) {
+      out[p] = dir / (std::to_string(p) + ".out");
+      err[p] = dir / (std::to_string(p) + ".err");
+      pid[p] = fork();
+      if (pid[p] == 0) {
+        freopen(out[p].c_str(), "w", stdout);
+        freopen(err[p].c_str(), "w", stderr);
+        const std::string index = std::to_string(p);
+        execl(QINFER_BINARY, QINFER_BINARY, "serve", "--model", dir.path().c_str(), "--port", "0", "--device", "cpu",
+              "--tensor-parallel", "2", "--tp-processes", "2", "--tp-process", index.c_str(), "--tp-address",
+              meet.c_str(), "--served-model-name", "tp", static_cast<char*>(nullptr));
+        _exit(127);
+      }
+    }
+    if (pid[0] > 0 && pid[1] > 0) port = served_port(out[0]);
+  }
+};
 
 // `qinfer serve` as a tensor-parallel group of two processes (one cpu rank each): process 1 follows,
 // process 0 serves; a greedy completion is the text of one process, and SIGTERM to process 0 stops both.
 TEST(ServeCommand, AGroupOverTwoProcessesServesAsOne) {
   ASSERT_TRUE(fs::exists(QINFER_BINARY));
-  qinfer::testing::TempDir dir;
-  const fs::path golden = fs::path(QINFER_TEST_DATA) / "golden" / "qwen3_5";
-  for (const char* file : {"config.json", "model.safetensors"}) fs::copy_file(golden / file, dir / file);
-  const fs::path mini = repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini";
-  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(mini / file, dir / file);
+  ServeGroup group("qwen3_5");
   const qinfer::testing::CommandResult one = qinfer::testing::run_command(
-      std::string(QINFER_BINARY) + " run --model '" + dir.path().string() + "' -p 'the cat sat' --raw --temp 0 -n 12");
+      std::string(QINFER_BINARY) + " run --model '" + group.dir.path().string() +
+      "' -p 'the cat sat' --raw --temp 0 -n 12");
   ASSERT_EQ(one.status, 0) << one.err;
-
-  // A free port for the group to meet at.
-  std::unique_ptr<parallel::ProcessGroup> probe = parallel::ProcessGroup::listen("127.0.0.1:0", 2);
-  const std::string meet = "127.0.0.1:" + std::to_string(probe->port());
-  probe.reset();
-  auto start = [&](const char* index, const fs::path& out, const fs::path& err) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      freopen(out.c_str(), "w", stdout);
-      freopen(err.c_str(), "w", stderr);
-      execl(QINFER_BINARY, QINFER_BINARY, "serve", "--model", dir.path().c_str(), "--port", "0", "--device", "cpu",
-            "--tensor-parallel", "2", "--tp-processes", "2", "--tp-process", index, "--tp-address", meet.c_str(),
-            "--served-model-name", "tp", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    return pid;
-  };
-  const fs::path out0 = dir / "0.out", err0 = dir / "0.err", out1 = dir / "1.out", err1 = dir / "1.err";
-  const pid_t follower = start("1", out1, err1), leader = start("0", out0, err0);
-  ASSERT_GT(follower, 0);
-  ASSERT_GT(leader, 0);
-  const int port = served_port(out0);
-  ASSERT_GT(port, 0) << read_file(err0) << read_file(err1);
+  group.start();
+  ASSERT_GT(group.pid[1], 0);
+  ASSERT_GT(group.pid[0], 0);
+  ASSERT_GT(group.port, 0) << read_file(group.err[0]) << read_file(group.err[1]);
   const json body = {{"model", "tp"}, {"prompt", "the cat sat"}, {"max_tokens", 12}, {"temperature", 0}};
-  const HttpResponse r = fetch(port, "POST", "/v1/completions", dump(body));
+  const HttpResponse r = fetch(group.port, "POST", "/v1/completions", dump(body));
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.body_json()["choices"][0]["text"].get<std::string>() + "\n", one.out);
-  kill(leader, SIGTERM);
-  for (const pid_t pid : {leader, follower}) {
+  kill(group.pid[0], SIGTERM);
+  for (int p : {0, 1}) {
     int status = 0;
-    for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
-    if (waitpid(pid, &status, WNOHANG) == 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      ADD_FAILURE() << "process " << (pid == leader ? 0 : 1) << " did not stop";
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(pid == leader ? err0 : err1);
+    if (!exits_within_10s(group.pid[p], status)) ADD_FAILURE() << "process " << p << " did not stop";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(group.err[p]);
   }
-  EXPECT_THAT(read_file(err1), HasSubstr("process 1 follows process 0 until it stops"));
-  EXPECT_EQ(read_file(out1), "");
+  EXPECT_THAT(read_file(group.err[1]), HasSubstr("process 1 follows process 0 until it stops"));
+  EXPECT_EQ(read_file(group.out[1]), "");
 }
 
 // A follower that dies ends the group, not the server: process 0 answers later requests with an
 // error that names the group's failure, keeps serving its other endpoints, and stops on SIGTERM.
 TEST(ServeCommand, AGroupWhoseFollowerDiesAnswersWithAnErrorAndStaysUp) {
   ASSERT_TRUE(fs::exists(QINFER_BINARY));
-  qinfer::testing::TempDir dir;
-  const fs::path golden = fs::path(QINFER_TEST_DATA) / "golden" / "qwen3";
-  for (const char* file : {"config.json", "model.safetensors"}) fs::copy_file(golden / file, dir / file);
-  const fs::path mini = repo_root() / "tests" / "tokenizer" / "data" / "qwen35_mini";
-  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(mini / file, dir / file);
-  std::unique_ptr<parallel::ProcessGroup> probe = parallel::ProcessGroup::listen("127.0.0.1:0", 2);
-  const std::string meet = "127.0.0.1:" + std::to_string(probe->port());
-  probe.reset();
-  auto start = [&](const char* index, const fs::path& out, const fs::path& err) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      freopen(out.c_str(), "w", stdout);
-      freopen(err.c_str(), "w", stderr);
-      execl(QINFER_BINARY, QINFER_BINARY, "serve", "--model", dir.path().c_str(), "--port", "0", "--device", "cpu",
-            "--tensor-parallel", "2", "--tp-processes", "2", "--tp-process", index, "--tp-address", meet.c_str(),
-            "--served-model-name", "tp", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    return pid;
-  };
-  const fs::path out0 = dir / "0.out", err0 = dir / "0.err", out1 = dir / "1.out", err1 = dir / "1.err";
-  const pid_t follower = start("1", out1, err1), leader = start("0", out0, err0);
-  ASSERT_GT(follower, 0);
-  ASSERT_GT(leader, 0);
-  const int port = served_port(out0);
-  ASSERT_GT(port, 0) << read_file(err0) << read_file(err1);
+  ServeGroup group("qwen3");
+  group.start();
+  ASSERT_GT(group.pid[1], 0);
+  ASSERT_GT(group.pid[0], 0);
+  ASSERT_GT(group.port, 0) << read_file(group.err[0]) << read_file(group.err[1]);
   const json body = {{"model", "tp"}, {"prompt", "the cat sat"}, {"max_tokens", 4}, {"temperature", 0}};
-  ASSERT_EQ(fetch(port, "POST", "/v1/completions", dump(body)).status, 200);
-  kill(follower, SIGKILL);
+  ASSERT_EQ(fetch(group.port, "POST", "/v1/completions", dump(body)).status, 200);
+  kill(group.pid[1], SIGKILL);
   int status = 0;
-  waitpid(follower, &status, 0);
+  waitpid(group.pid[1], &status, 0);
   for (int i = 0; i < 2; ++i) {  // the request that meets the dead peer, and one after
-    const HttpResponse r = fetch(port, "POST", "/v1/completions", dump(body));
+    const HttpResponse r = fetch(group.port, "POST", "/v1/completions", dump(body));
     EXPECT_EQ(r.status, 500) << r.body;
     EXPECT_THAT(r.body, HasSubstr("a peer process stopped")) << r.body;
   }
-  EXPECT_EQ(fetch(port, "GET", "/v1/models").status, 200);
-  kill(leader, SIGTERM);
-  for (int i = 0; i < 200 && waitpid(leader, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(50ms);
-  if (waitpid(leader, &status, WNOHANG) == 0) {
-    kill(leader, SIGKILL);
-    waitpid(leader, &status, 0);
-    FAIL() << "process 0 did not stop on SIGTERM: " << read_file(err0);
-  }
-  EXPECT_TRUE(WIFEXITED(status)) << read_file(err0);
+  EXPECT_EQ(fetch(group.port, "GET", "/v1/models").status, 200);
+  kill(group.pid[0], SIGTERM);
+  if (!exits_within_10s(group.pid[0], status)) FAIL() << "process 0 did not stop on SIGTERM: " << read_file(group.err[0]);
+  EXPECT_TRUE(WIFEXITED(status)) << read_file(group.err[0]);
 }
 
 TEST(ServeCommand, RefusesAnAddressInUse) {
