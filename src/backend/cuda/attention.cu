@@ -260,6 +260,72 @@ constexpr int decode_shared_floats() {
   return std::max(kDecodeWarps * S::kRingFloats, kDecodeWarps * R * HD + 3 * kDecodeWarps * R + R);
 }
 
+// Merges the splits of (token, head) th of a decode launch into out: lane i weighs splits i, i + 32, ...
+template <int HD>
+__device__ __noinline__ void combine_decode_row(const float* __restrict__ partial, int splits, int64_t slice, int64_t th,
+                                   float* __restrict__ out) {
+  using S = DecodeShape<HD>;
+  constexpr int kPerLane = kAttentionDecodeMaxSplits / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const float* ml = partial + splits * slice * HD;
+  float m[kPerLane], weight[kPerLane];
+  float max_all = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = j * kWarp + lane;
+    m[j] = i < splits ? __ldcg(ml + 2 * (i * slice + th)) : -INFINITY;
+    max_all = fmaxf(max_all, m[j]);
+  }
+  max_all = warp_max(max_all);  // finite: every row sees a key in some split
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = j * kWarp + lane;
+    weight[j] = m[j] == -INFINITY ? 0.0f : expf(m[j] - max_all);
+    if (i < splits) total += weight[j] * __ldcg(ml + 2 * (i * slice + th) + 1);
+  }
+  total = warp_sum(total);
+  float a[S::kVec] = {};
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int count = min(kWarp, splits - j * kWarp);
+#pragma unroll 8
+    for (int src = 0; src < count; ++src) {
+      const float w = __shfl_sync(0xFFFFFFFFu, weight[j], src);
+      const float* row = partial + ((j * kWarp + src) * slice + th) * HD;
+      float v[S::kVec];
+#pragma unroll
+      for (int p = 0; p < S::kPieces; ++p) {
+        const float* src = row + S::piece_offset(p, lane);
+        if constexpr (S::kPiece == 4) {
+          const float4 f = __ldcg(reinterpret_cast<const float4*>(src));
+          v[4 * p] = f.x, v[4 * p + 1] = f.y, v[4 * p + 2] = f.z, v[4 * p + 3] = f.w;
+        } else {
+          const float2 f = __ldcg(reinterpret_cast<const float2*>(src));
+          v[2 * p] = f.x, v[2 * p + 1] = f.y;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < S::kVec; ++e) a[e] = fmaf(w, v[e], a[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < S::kVec; ++e) a[e] /= total;
+#pragma unroll
+  for (int p = 0; p < S::kPieces; ++p)
+    store_piece<S::kPiece>(out + th * HD + S::piece_offset(p, lane), a + p * S::kPiece);
+}
+
+// Merges a decode launch's splits (where no arrival counters were given): a warp per (token, head).
+template <int HD>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_combine_kernel(const float* __restrict__ partial, int splits, int64_t slice, float* __restrict__ out) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t th = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp;
+  if (th < slice) combine_decode_row<HD>(partial, splits, slice, th, out);
+}
+
 // Scores are kept in base 2: q comes pre-scaled by scale · log2(e). Rows past the tile's `rows`
 // repeat its last row (their results are dropped), so every row has a key and a finite maximum.
 template <int HD, int R>
@@ -267,7 +333,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     attention_decode_kernel(const float* __restrict__ q, const float* __restrict__ pool_k,
                             const float* __restrict__ pool_v, AttentionArrays L, int heads, int kv_heads,
                             float scale_log2, int splits, int64_t T, float* __restrict__ partial,
-                            float* __restrict__ out) {
+                            int* __restrict__ arrivals, float* __restrict__ out) {
   using S = DecodeShape<HD>;
   constexpr int kVec = S::kVec, kPiece = S::kPiece, kPieces = S::kPieces, kChunk = S::kChunk;
   constexpr int kStages = S::kStages;
@@ -474,63 +540,24 @@ __global__ void __launch_bounds__(kDecodeThreads)
     part_ml[2 * th] = m_s[r] * 0.69314718f;  // ln 2: base-2 max to natural log
     part_ml[2 * th + 1] = sum_s[r];
   }
-}
-
-// Merges a decode launch's splits: a warp per (token, head), lane i weighing splits i, i + 32, ...
-template <int HD>
-__global__ void __launch_bounds__(kDecodeThreads)
-    decode_combine_kernel(const float* __restrict__ partial, int splits, int64_t slice, float* __restrict__ out) {
-  using S = DecodeShape<HD>;
-  constexpr int kPerLane = kAttentionDecodeMaxSplits / kWarp;
-  allow_next_kernel();
-  wait_for_previous_kernel();
-  const int lane = threadIdx.x % kWarp;
-  const int64_t th = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp;
-  if (th >= slice) return;
-  const float* ml = partial + splits * slice * HD;
-  float m[kPerLane], weight[kPerLane];
-  float max_all = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int i = j * kWarp + lane;
-    m[j] = i < splits ? ml[2 * (i * slice + th)] : -INFINITY;
-    max_all = fmaxf(max_all, m[j]);
-  }
-  max_all = warp_max(max_all);  // finite: every row sees a key in some split
-  float total = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int i = j * kWarp + lane;
-    weight[j] = m[j] == -INFINITY ? 0.0f : expf(m[j] - max_all);
-    if (i < splits) total += weight[j] * ml[2 * (i * slice + th) + 1];
-  }
-  total = warp_sum(total);
-  float a[S::kVec] = {};
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int count = min(kWarp, splits - j * kWarp);
-#pragma unroll 8
-    for (int src = 0; src < count; ++src) {
-      const float w = __shfl_sync(0xFFFFFFFFu, weight[j], src);
-      const float* row = partial + ((j * kWarp + src) * slice + th) * HD;
-      float v[S::kVec];
-#pragma unroll
-      for (int p = 0; p < S::kPieces; ++p)
-        load_piece<S::kPiece>(row + S::piece_offset(p, lane), v + p * S::kPiece);
-#pragma unroll
-      for (int e = 0; e < S::kVec; ++e) a[e] = fmaf(w, v[e], a[e]);
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < S::kVec; ++e) a[e] /= total;
-#pragma unroll
-  for (int p = 0; p < S::kPieces; ++p)
-    store_piece<S::kPiece>(out + th * HD + S::piece_offset(p, lane), a + p * S::kPiece);
+  if (arrivals == nullptr) return;  // decode_combine_kernel merges
+  // The last of the tile's splits to finish merges them (no second launch in the step's chain):
+  // every block publishes its partials before it counts itself, the last one reads them after.
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  int* count = arrivals + static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
+  if (tid == 0) last = atomicAdd(count, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int r = warp; r < rows; r += kDecodeWarps) combine_decode_row<HD>(partial, splits, slice, q_offset(r) / HD, out);
+  if (tid == 0) *count = 0;  // ready for the next launch (and replay) that uses it
 }
 
 template <int HD, int R>
 void launch_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout, int64_t T,
-                   int64_t heads, int64_t kv_heads, float scale, int splits, float* partial, float* out,
+                   int64_t heads, int64_t kv_heads, float scale, int splits, float* partial, int* arrivals, float* out,
                    cudaStream_t stream) {
   constexpr size_t bytes = decode_shared_floats<HD, R>() * sizeof(float);
   auto kernel = attention_decode_kernel<HD, R>;
@@ -540,9 +567,9 @@ void launch_decode(const float* q, const float* pool_k, const float* pool_v, con
                   static_cast<unsigned>(splits));
   const float scale_log2 = scale * 1.44269504f;  // log2(e)
   launch_overlapped(kernel, grid, kDecodeThreads, bytes, stream, q, pool_k, pool_v, layout, static_cast<int>(heads),
-                    static_cast<int>(kv_heads), scale_log2, splits, T, partial, out);
+                    static_cast<int>(kv_heads), scale_log2, splits, T, partial, splits > 1 ? arrivals : nullptr, out);
   QINFER_CUDA_CHECK_LAUNCH("attention_decode_kernel<<<>>>");
-  if (splits > 1) {
+  if (splits > 1 && arrivals == nullptr) {
     const int64_t slice = T * heads;
     const auto blocks = static_cast<unsigned>((slice + kDecodeWarps - 1) / kDecodeWarps);
     launch_overlapped(decode_combine_kernel<HD>, blocks, kDecodeThreads, 0, stream, partial, splits, slice, out);
@@ -553,15 +580,15 @@ void launch_decode(const float* q, const float* pool_k, const float* pool_v, con
 template <int HD>
 void launch_decode_rows(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                         int64_t T, int64_t heads, int64_t kv_heads, int64_t tile_rows, float scale, int splits,
-                        float* partial, float* out, cudaStream_t stream) {
+                        float* partial, int* arrivals, float* out, cudaStream_t stream) {
   static_assert(DecodeShape<HD>::kMaxRows == 4 || DecodeShape<HD>::kMaxRows == 8);
   switch (tile_rows) {
-    case 1: return launch_decode<HD, 1>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
-    case 2: return launch_decode<HD, 2>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
-    case 4: return launch_decode<HD, 4>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
+    case 1: return launch_decode<HD, 1>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
+    case 2: return launch_decode<HD, 2>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
+    case 4: return launch_decode<HD, 4>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
     case 8:
       if constexpr (DecodeShape<HD>::kMaxRows == 8)
-        return launch_decode<HD, 8>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
+        return launch_decode<HD, 8>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
       [[fallthrough]];
     default:
       throw_error("attention_decode: " + std::to_string(tile_rows) + " rows per tile at head_dim " +
@@ -634,18 +661,18 @@ int attention_decode_splits(int64_t blocks, int64_t max_keys, int sm_count) {
 
 void launch_attention_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                              int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tile_rows,
-                             float scale, int splits, float* partial, float* out, cudaStream_t stream) {
+                             float scale, int splits, float* partial, int* arrivals, float* out, cudaStream_t stream) {
   if (T == 0 || layout.num_tiles == 0 || heads == 0) return;
   switch (head_dim) {
     case 64:
       return launch_decode_rows<64>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
-                                    out, stream);
+                                    arrivals, out, stream);
     case 128:
       return launch_decode_rows<128>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
-                                     out, stream);
+                                     arrivals, out, stream);
     case 256:
       return launch_decode_rows<256>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
-                                     out, stream);
+                                     arrivals, out, stream);
     default: throw_error("attention_decode: head_dim " + std::to_string(head_dim) + " has no decode kernel");
   }
 }

@@ -271,6 +271,7 @@ class CudaOps final : public Ops {
     recordings_.clear();
     if (staging_host_) cudaFreeHost(staging_host_);
     if (staging_device_) cudaFree(staging_device_);
+    if (arrivals_) cudaFree(arrivals_);
     if (replay_done_) cudaEventDestroy(replay_done_);
     for (int i = 0; i < 2; ++i) {
       if (upload_buffers_[i]) cudaFreeHost(upload_buffers_[i]);
@@ -698,7 +699,8 @@ class CudaOps final : public Ops {
       while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
       Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
       launch_attention_decode(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, T, heads, kv_heads,
-                              head_dim, decode_rows, scale, splits, partial.as<float>(), out.ptr<float>(), stream());
+                              head_dim, decode_rows, scale, splits, partial.as<float>(),
+                              decode_arrivals(arrays.num_tiles * kv_heads), out.ptr<float>(), stream());
       return;
     }
     const AttentionArrays arrays = upload_attention(layout, group, kAttentionTileRows);
@@ -961,6 +963,16 @@ class CudaOps final : public Ops {
     launch_delta_rule_chunked(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
                               arrays, chunked_list, static_cast<int64_t>(chunked_seqs_.size()), max_chunked_len, T,
                               Hk, Hv, Dk, Dv, work.as<float>(), state.ptr<float>(), out.ptr<float>(), stream());
+  }
+
+  // Counters for `n` (tile, kv head) pairs of the decode attention, or null (more than it holds, or
+  // none made yet inside a recording): the separate merge kernel then runs.
+  int* decode_arrivals(int64_t n) {
+    if (!arrivals_ && mode_ == Mode::eager) {
+      QINFER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&arrivals_), kArrivals * sizeof(int)));
+      QINFER_CUDA_CHECK(cudaMemsetAsync(arrivals_, 0, kArrivals * sizeof(int), stream()));
+    }
+    return n <= kArrivals ? arrivals_ : nullptr;
   }
 
   // --- recorded steps (CUDA graphs) ---------------------------------------------------------------
@@ -1409,6 +1421,10 @@ class CudaOps final : public Ops {
   static constexpr size_t kReadbackBytes = size_t{4} << 20;
   char* readback_host_ = nullptr;  // pinned
   char* staging_device_ = nullptr;
+  // The decode attention's per-(tile, kv head) arrival counters (launch_attention_decode): made
+  // once, zeroed once, left zero by every launch; recorded steps hold the pointer, so never moved.
+  static constexpr int64_t kArrivals = int64_t{1} << 16;
+  int* arrivals_ = nullptr;
   cudaEvent_t replay_done_ = nullptr;
   std::vector<int32_t> blob_, tiles_, recurrent_seqs_, chunked_seqs_;
 };

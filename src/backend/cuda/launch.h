@@ -147,9 +147,11 @@ constexpr int64_t kAttentionDecodeMaxTokens = 8;
 constexpr int64_t kAttentionDecodeMaxSplits = 128;
 int64_t attention_decode_tile_rows(int64_t head_dim, int64_t max_rows);
 int attention_decode_splits(int64_t blocks, int64_t max_keys, int sm_count);
+// With splits > 1, `arrivals` (num_tiles × kv_heads ints, zero, left zero) lets the last split of
+// each tile merge them; null: a second kernel merges.
 void launch_attention_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
                              int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tile_rows,
-                             float scale, int splits, float* partial, float* out, cudaStream_t stream);
+                             float scale, int splits, float* partial, int* arrivals, float* out, cudaStream_t stream);
 // Prefill on the tensor cores (attention_mma.cu): for batches where some sequence has at least
 // kAttentionMmaMinRows query rows (len · group) and head_dim has a kernel (tile rows > 0).
 // `layout.tiles` must then be cut into attention_mma_tile_rows(head_dim, bf16) rows per tile;
