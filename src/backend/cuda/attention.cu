@@ -296,12 +296,12 @@ __device__ __noinline__ void combine_decode_row(const float* __restrict__ partia
       float v[S::kVec];
 #pragma unroll
       for (int p = 0; p < S::kPieces; ++p) {
-        const float* src = row + S::piece_offset(p, lane);
+        const float* piece = row + S::piece_offset(p, lane);
         if constexpr (S::kPiece == 4) {
-          const float4 f = __ldcg(reinterpret_cast<const float4*>(src));
+          const float4 f = __ldcg(reinterpret_cast<const float4*>(piece));
           v[4 * p] = f.x, v[4 * p + 1] = f.y, v[4 * p + 2] = f.z, v[4 * p + 3] = f.w;
         } else {
-          const float2 f = __ldcg(reinterpret_cast<const float2*>(src));
+          const float2 f = __ldcg(reinterpret_cast<const float2*>(piece));
           v[2 * p] = f.x, v[2 * p + 1] = f.y;
         }
       }
