@@ -788,12 +788,13 @@ void add_linear_many(std::vector<Case>& cases) {
 }
 
 // The SwiGLU MLP's gate and up halves as one op: one launch per decode token on a device backend
-// (odd row counts leave a block half full), linear_many + silu_mul otherwise (several tokens,
-// quantized matrices).
+// (dense, and the affine layouts of the one-token GEMV; odd row counts leave a block or a row group
+// part full), linear_many + silu_mul otherwise (several tokens, other quantized layouts).
 void add_linear_swiglu(std::vector<Case>& cases) {
   struct Shape { int64_t T, in, I; bool quantized; };
   const Shape shapes[] = {{1, 256, 96, false}, {1, 4096, 33, false}, {1, 136, 7, false},
-                          {1, 1024, 9, false}, {3, 256, 40, false},  {1, 256, 65, true}};
+                          {1, 1024, 9, false}, {3, 256, 40, false},  {1, 256, 65, true},
+                          {1, 4096, 1000, true}, {1, 2048, 4500, true}, {2, 512, 33, true}};
   for (DType dt : kWeightTypes) {
     for (const Shape& s : shapes) {
       cases.push_back({"linear_swiglu", fmt::format("{} T={} in={} I={}", s.quantized ? "affine 4-bit" : name(dt), s.T,

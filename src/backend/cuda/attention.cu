@@ -561,8 +561,9 @@ void launch_decode(const float* q, const float* pool_k, const float* pool_v, con
                    cudaStream_t stream) {
   constexpr size_t bytes = decode_shared_floats<HD, R>() * sizeof(float);
   auto kernel = attention_decode_kernel<HD, R>;
-  if constexpr (bytes > 48 * 1024)
-    QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  // The default limit on dynamic shared memory is 48 KiB less the kernel's static shared memory (the
+  // merge's flag), which the rings may already fill: always raise it to what the launch uses.
+  QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   const dim3 grid(static_cast<unsigned>(layout.num_tiles), static_cast<unsigned>(kv_heads),
                   static_cast<unsigned>(splits));
   const float scale_log2 = scale * 1.44269504f;  // log2(e)

@@ -479,7 +479,8 @@ class CudaOps final : public Ops {
     check_f32("linear_swiglu", "x", x, 2);
     if (x.dim(0) == 1) {
       const WeightView g = view("linear_swiglu", "gate", gate, 2), u = view("linear_swiglu", "up", up, 2);
-      if (gemv_swiglu_fits(x.ptr<float>(), g, u)) {
+      const bool dense = gemv_swiglu_fits(x.ptr<float>(), g, u);
+      if (dense || gemv_affine_swiglu_fits(x.ptr<float>(), g, u)) {
         QINFER_CHECK(g.in == x.dim(1), "cuda linear_swiglu: gate {} does not take inputs of width {}",
                      shape_str(gate.shape()), x.dim(1));
         check_f32("linear_swiglu", "out", out, 2);
@@ -487,7 +488,8 @@ class CudaOps final : public Ops {
         check_distinct("linear_swiglu", "out", out, "x", x);
         enter();
         if (replaying()) return;
-        launch_gemv_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), stream());
+        if (dense) launch_gemv_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), stream());
+        else launch_gemv_affine_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), stream());
         return;
       }
     }

@@ -20,6 +20,10 @@
 // 2^(149−S) and Σx to shared memory: no separate kernel and no dependent launch in between. Warps'
 // per-task sums meet in shared memory and are added in a fixed order: results depend on neither
 // grid nor scheduling.
+//
+// The SwiGLU MLP's gate and up share x and a shape: as one launch their row groups interleave (gate's
+// group i, then up's), so a block holds both halves of its rows and its epilogue writes silu(g)·u;
+// no separate SiLU·mul launch and no gate/up round trip through memory.
 #include <cuda_fp16.h>
 
 #include <array>
@@ -66,6 +70,9 @@ struct Layout {
 // [first_group[i], first_group[i + 1]); each row is cut into 2^split_shift slices of `steps` steps or fewer.
 struct AffineBatch {
   int count, split_shift, group_shift;  // split = 2^split_shift
+  // (gate, up) of one shape, row group i of the launch being group i / 2 of matrix i % 2: y[0] gets
+  // silu(x·gate)·(x·up).
+  bool swiglu;
   int64_t chunks, row_bytes, groups, steps;  // per row; chunks: 16-byte code chunks
   const char* codes[kMaxGemvMatrices];
   const void* scales[kMaxGemvMatrices];
@@ -102,8 +109,10 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   float2* meta = reinterpret_cast<float2*>(xs + b.chunks * L::kUnits);  // (2^(149−S), Σx) per chunk
   float* partial = reinterpret_cast<float*>(meta + b.chunks);       // tasks × kRows
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t total = b.first_group[b.count];
-  const int64_t group0 = total * blockIdx.x / gridDim.x, group_end = total * (blockIdx.x + 1) / gridDim.x;
+  // The block's row groups (whole (gate, up) pairs under swiglu).
+  const int64_t pair = b.swiglu ? 2 : 1, total = b.first_group[b.count] / pair;
+  const int64_t group0 = pair * (total * blockIdx.x / gridDim.x);
+  const int64_t group_end = pair * (total * (blockIdx.x + 1) / gridDim.x);
   const int64_t tasks = (group_end - group0) << b.split_shift;
 
   // Loads step `index` of `task` (a warp's tasks are warp, warp + kWarps, ...); false past the last.
@@ -114,8 +123,14 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     const int64_t group = group0 + (task >> b.split_shift);
     const int64_t slice = task & ((int64_t{1} << b.split_shift) - 1);
     int m = 0;
-    while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
-    const int64_t row0 = (group - b.first_group[m]) * kRows, rows = b.rows[m];
+    int64_t group_in_m = group >> 1;
+    if (b.swiglu) {
+      m = static_cast<int>(group & 1);
+    } else {
+      while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
+      group_in_m = group - b.first_group[m];
+    }
+    const int64_t row0 = group_in_m * kRows, rows = b.rows[m];
     const int64_t end = (b.chunks * (slice + 1)) >> b.split_shift;
     const int64_t c = ((b.chunks * slice) >> b.split_shift) + lane + kWarp * index;
     if (c >= end) return true;
@@ -220,15 +235,26 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     more_c = load(task, index, c);
   }
   __syncthreads();
+  // Local row group l's row r: its slices' sums in order.
+  auto row_sum = [&](int64_t l, int64_t r) {
+    float sum = 0.0f;
+    for (int64_t s = 0; s < (int64_t{1} << b.split_shift); ++s) sum += partial[((l << b.split_shift) + s) * kRows + r];
+    return sum;
+  };
+  if (b.swiglu) {
+    for (int64_t i = threadIdx.x; i < (group_end - group0) / 2 * kRows; i += blockDim.x) {
+      const int64_t l = 2 * (i / kRows), row = (group0 + l) / 2 * kRows + i % kRows;
+      if (row < b.rows[0]) b.y[0][row] = silu(row_sum(l, i % kRows)) * row_sum(l + 1, i % kRows);  // silu_mul's arithmetic
+    }
+    return;
+  }
   for (int64_t i = threadIdx.x; i < (group_end - group0) * kRows; i += blockDim.x) {
     const int64_t group = group0 + i / kRows;
     int m = 0;
     while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
     const int64_t row = (group - b.first_group[m]) * kRows + i % kRows;
     if (row >= b.rows[m]) continue;
-    float sum = 0.0f;
-    const int64_t first = (i / kRows) << b.split_shift;
-    for (int64_t s = 0; s < (int64_t{1} << b.split_shift); ++s) sum += partial[(first + s) * kRows + i % kRows];
+    const float sum = row_sum(i / kRows, i % kRows);
     b.y[m][row] = sum;
   }
 }
@@ -276,6 +302,62 @@ bool takes(const WeightView& w, const WeightView& first) {
          w.in == first.in;
 }
 
+// How b runs: its grid and dynamic shared memory (no blocks: nothing to do, or it does not fit);
+// b gets the layout from `first` and the plan's split.
+struct Plan {
+  bool fits = false;
+  unsigned blocks = 0;
+  size_t shared = 0;
+};
+
+Plan plan_affine(AffineBatch& b, const WeightView& first) {
+  b.chunks = first.in * first.bits / 128;
+  b.group_shift = first.group_shift;
+  b.row_bytes = first.row_words * 4;
+  b.groups = first.in >> first.group_shift;
+  // Slices long enough for kMinSteps steps a lane (pipelining needs more than one), at most kWarps.
+  int64_t split = 1;
+  while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
+  b.steps = ((b.chunks + split - 1) / split + kWarp - 1) / kWarp;
+  for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + (b.rows[i] + kRows - 1) / kRows;
+  const int64_t groups = b.first_group[b.count];
+  if (groups == 0) return {true, 0, 0};
+  // A persistent grid: kBlocksPerSm blocks an SM, fewer where the blocks would get under a task a
+  // warp (and under swiglu no more blocks than (gate, up) pairs of row groups).
+  const int64_t pair = b.swiglu ? 2 : 1;
+  const int64_t blocks = std::clamp<int64_t>(std::min((groups * split + kWarps - 1) / kWarps, groups / pair), 1,
+                                             int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>());
+  const int64_t block_groups = pair * ((groups / pair + blocks - 1) / blocks);
+  const size_t shared = static_cast<size_t>(first.in * sizeof(float) + b.chunks * sizeof(float2) +
+                                            block_groups * split * kRows * sizeof(float));
+  if (shared > static_cast<size_t>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return {};
+  return {true, static_cast<unsigned>(blocks), shared};
+}
+
+void launch_plan(const float* x, const AffineBatch& b, const WeightView& first, const Plan& plan,
+                 cudaStream_t stream) {
+  if (plan.blocks == 0) return;
+  if (first.scale_dtype == DType::bf16) launch_scaled<ScaleBf16>(x, b, first.bits, plan.blocks, plan.shared, stream);
+  else if (first.scale_dtype == DType::f16) launch_scaled<ScaleF16>(x, b, first.bits, plan.blocks, plan.shared, stream);
+  else launch_scaled<ScaleF32>(x, b, first.bits, plan.blocks, plan.shared, stream);
+}
+
+// The (gate, up) batch of the fused SwiGLU.
+AffineBatch swiglu_batch(const WeightView& gate, const WeightView& up, float* out) {
+  AffineBatch b{};
+  b.count = 2;
+  b.swiglu = true;
+  const WeightView* w[2] = {&gate, &up};
+  for (int i = 0; i < 2; ++i) {
+    b.codes[i] = static_cast<const char*>(w[i]->data);
+    b.scales[i] = w[i]->scales;
+    b.biases[i] = w[i]->biases;
+    b.y[i] = out;
+    b.rows[i] = w[i]->rows;
+  }
+  return b;
+}
+
 }  // namespace
 
 bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t stream) {
@@ -292,29 +374,23 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
     b.y[i] = batch.y[i];
     b.rows[i] = w.rows;
   }
-  b.chunks = first.in * first.bits / 128;
-  b.group_shift = first.group_shift;
-  b.row_bytes = first.row_words * 4;
-  b.groups = first.in >> first.group_shift;
-  // Slices long enough for kMinSteps steps a lane (pipelining needs more than one), at most kWarps.
-  int64_t split = 1;
-  while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
-  b.steps = ((b.chunks + split - 1) / split + kWarp - 1) / kWarp;
-  for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + (b.rows[i] + kRows - 1) / kRows;
-  const int64_t groups = b.first_group[b.count];
-  if (groups == 0) return true;
-  // A persistent grid: kBlocksPerSm blocks an SM, fewer where the blocks would get under a task a warp.
-  const int64_t blocks = std::clamp<int64_t>((groups * split + kWarps - 1) / kWarps, 1,
-                                             int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>());
-  const int64_t block_groups = (groups + blocks - 1) / blocks;
-  const size_t shared = static_cast<size_t>(first.in * sizeof(float) + b.chunks * sizeof(float2) +
-                                            block_groups * split * kRows * sizeof(float));
-  if (shared > static_cast<size_t>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
-  const auto grid = static_cast<unsigned>(blocks);
-  if (first.scale_dtype == DType::bf16) launch_scaled<ScaleBf16>(x, b, first.bits, grid, shared, stream);
-  else if (first.scale_dtype == DType::f16) launch_scaled<ScaleF16>(x, b, first.bits, grid, shared, stream);
-  else launch_scaled<ScaleF32>(x, b, first.bits, grid, shared, stream);
+  const Plan plan = plan_affine(b, first);
+  if (!plan.fits) return false;
+  launch_plan(x, b, first, plan, stream);
   return true;
+}
+
+bool gemv_affine_swiglu_fits(const float* x, const WeightView& gate, const WeightView& up) {
+  if (!aligned16(x) || !takes(gate, gate) || !takes(up, gate) || up.rows != gate.rows) return false;
+  AffineBatch b = swiglu_batch(gate, up, nullptr);
+  return plan_affine(b, gate).fits;
+}
+
+void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out,
+                               cudaStream_t stream) {
+  AffineBatch b = swiglu_batch(gate, up, out);
+  const Plan plan = plan_affine(b, gate);
+  if (plan.fits) launch_plan(x, b, gate, plan, stream);  // callers asked gemv_affine_swiglu_fits first
 }
 
 }  // namespace qinfer::cuda

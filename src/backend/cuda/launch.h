@@ -60,6 +60,11 @@ bool gemv_swiglu_fits(const float* x, const WeightView& gate, const WeightView& 
 void launch_gemv_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out, cudaStream_t stream);
 // gemv_affine.cu: one token of MLX affine 4/8-bit weights (groups 32/64/128, f32|bf16|f16 scales).
 bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t stream);
+// out = silu(x · gateᵀ) · (x · upᵀ) for one token of affine gate and up of one layout and shape that
+// the affine GEMV takes (the conditions of gemv_affine_swiglu_fits).
+bool gemv_affine_swiglu_fits(const float* x, const WeightView& gate, const WeightView& up);
+void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out,
+                               cudaStream_t stream);
 // Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo
 // (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the tensor-core GEMM's weight operands.
 // A null lo writes hi alone (the fast precision: one bf16 operand).
