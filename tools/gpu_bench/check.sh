@@ -4,12 +4,15 @@
 # benchmarks, in one call (device time is scarce), a few lines per result on stdout.
 #
 #   tools/gpu_bench/check.sh [--no-tests] [--perf OP_SUBSTRING] [--bench SHAPE[:4bit],...] [--tp N]
+#                            [--compare NAME]
 #
 #   --no-tests   skip cuda_tests, op_harness (cuda, cuda-fast) and memcheck
 #   --perf S     op_harness --perf over the ops whose case names contain S (fast precision)
 #   --bench L    qinfer bench per shape (qwen3-8b, qwen3_5-9b, ...; ":4bit" = MLX affine 4-bit g64):
 #                decode at batch 1 and 8 after a 512-token prompt, prefill at 512 and 8192 tokens
 #   --tp N       the benches also at --tensor-parallel N (a machine with N GPUs)
+#   --compare B  per benched shape, batch-1 decode of build-gpu/B (packed with pack.sh --also B=...)
+#                and of this qinfer in turn, three rounds each: an A/B in one call, on one machine
 #
 # Everything each step printed goes to $OUT/check.log (one file: a call returns only a few).
 set -uo pipefail
@@ -17,13 +20,14 @@ build=${QINFER_GPU_BUILD:-build-gpu}
 export LD_LIBRARY_PATH="$PWD/$build:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export TMPDIR=${TMPDIR:-/dev/shm} QINFER_TEST_DATA="$PWD/tests/fixtures" PATH="$PATH:/usr/local/cuda/bin"
 log="${OUT:-.}/check.log"
-tests=1 perf="" bench="" tp=""
+tests=1 perf="" bench="" tp="" compare=""
 while (($#)); do
   case $1 in
     --no-tests) tests=0 ;;
     --perf) perf=$2; shift ;;
     --bench) bench=$2; shift ;;
     --tp) tp=$2; shift ;;
+    --compare) compare=$2; shift ;;
     *) echo "check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -72,6 +76,15 @@ for item in "${shapes[@]}"; do
       --batch 1,8 --prompt 512,8192 --gen 64 --context 512
     grep -E 'model|probe|prefill|decode batch' "$step_out"
   done
+  if [[ -n $compare ]]; then
+    for round in 1 2 3; do
+      for bin in "$compare" qinfer; do
+        run "compare $item $bin round $round" 120 "$build/$bin" bench --model "$dir" --device cuda --batch 1 \
+          --prompt 512 --gen 128 --context 512
+        grep -E 'decode batch' "$step_out"
+      done
+    done
+  fi
   rm -rf "$dir"
 done
 echo "[$(( $(date +%s) - t0 ))s] done; $( ((failed)) && echo 'SOME STEPS FAILED' || echo 'every step exited 0'); details: $log"
