@@ -7,6 +7,7 @@ for prefill and greedy decode. Results merge into one JSON file keyed shape/vari
 so a call cut short keeps what it finished and several calls build one table. See tools/gpu_bench/README.md.
 
     python3 tools/gpu_bench/bench_shapes.py --shapes qwen3-8b --variants bf16,4bit [--qinfer build-gpu/qinfer]
+    python3 tools/gpu_bench/bench_shapes.py --gpus 0,1 --torch-batch 1      # the shapes spread over two GPUs
     python3 tools/gpu_bench/bench_shapes.py --out all.json --merge run1.json run2.json   # here: merge + table
 """
 
@@ -54,6 +55,63 @@ def tail(text, n=2000):
 # Results file: {"entries": {"shape/variant": {"shape", "variant", "qinfer": part, "baseline": part}}}.
 # A part is {"result": dict | None, "error" or "reason": str, "at": time}; merging replaces whole parts,
 # so a --skip-torch run keeps the baseline an earlier call measured.
+
+
+# Rough relative cost of a shape's run (qinfer bench, the baseline's build and compile): how --gpus
+# balances the shapes over the GPUs.
+SHAPE_COST = {"qwen3-8b": 1.0, "qwen3_5-9b": 1.0, "qwen3-30b-a3b": 1.2, "qwen3_5-27b": 1.6, "qwen3_5-35b-a3b": 1.4}
+VARIANT_COST = {"bf16": 1.0, "4bit": 0.6}  # no baseline, but the weights are quantized on the host first
+
+
+def spread_shapes(shapes, variants, gpus):
+    """The shapes per GPU: largest first, each to the GPU with the least work so far."""
+    load = {g: 0.0 for g in gpus}
+    plan = {g: [] for g in gpus}
+    cost = lambda s: SHAPE_COST.get(s, 1.0) * sum(VARIANT_COST[v] for v in variants)
+    for shape in sorted(shapes, key=cost, reverse=True):
+        g = min(gpus, key=lambda k: (load[k], gpus.index(k)))
+        plan[g].append(shape)
+        load[g] += cost(shape)
+    return {g: [s for s in shapes if s in plan[g]] for g in gpus if plan[g]}  # the given order within a GPU
+
+
+def run_on_gpus(args, argv, shapes, variants):
+    """One child run per GPU (CUDA_VISIBLE_DEVICES) over its share of the shapes, each with its own results
+    file; then all of them merged into --out."""
+    gpus = [g for g in args.gpus.split(",") if g]
+    plan = spread_shapes(shapes, variants, gpus)
+    # The child keeps every flag but --gpus, --shapes and --out.
+    keep, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+        elif a in ("--gpus", "--shapes", "--out"):
+            skip = 1
+        elif not a.startswith(("--gpus=", "--shapes=", "--out=")):
+            keep.append(a)
+    children = []
+    for g, share in plan.items():
+        out = f"{args.out}.gpu{g}"
+        if os.path.exists(out):
+            os.remove(out)  # a stale file from an earlier run would be merged again
+        cmd = [sys.executable, os.path.abspath(__file__), *keep, "--shapes", ",".join(share), "--out", out]
+        log(f"GPU {g}: {' '.join(share)}")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=g)
+        children.append((g, out, subprocess.Popen(cmd, env=env)))
+    failed = []
+    for g, out, proc in children:
+        if proc.wait() != 0:
+            failed.append(f"GPU {g} exited {proc.returncode}")
+    doc = load_results(args.out)
+    for g, out, _ in children:
+        for entry in load_results(out)["entries"].values():
+            for part in ("qinfer", "baseline"):
+                if part in entry:
+                    merge_part(doc, entry["shape"], entry["variant"], part, entry[part])
+    save_results(args.out, doc)
+    print(render_table(doc))
+    log(f"results in {args.out}" + (f"; {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 def load_results(path):
@@ -414,6 +472,8 @@ def main():
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="merge these results files into --out, print the "
                                                                 "table and exit (runs nothing)")
     ap.add_argument("--table", action="store_true", help="print the table of --out and exit")
+    ap.add_argument("--gpus", help="comma list of GPU indices: the shapes spread over them, one run per GPU at "
+                                   "once (each sees only its GPU), results merged into --out")
     args = ap.parse_args()
 
     doc = load_results(args.out)
@@ -433,6 +493,8 @@ def main():
     bad = [v for v in variants if v not in VARIANT_ARGS]
     if bad:
         ap.error(f"--variants: unknown {bad}; choose from {list(VARIANT_ARGS)}")
+    if args.gpus:
+        return run_on_gpus(args, sys.argv[1:], shapes, variants)
     batches = [int(b) for b in args.torch_batch.split(",") if b]
     torch = transformers = None
     for shape in shapes:
