@@ -231,6 +231,18 @@ __device__ __forceinline__ void load_piece(const float* src, float* dst) {
   }
 }
 
+// load_piece from global memory written by other blocks of the same launch: through L2, not L1.
+template <int P>
+__device__ __forceinline__ void load_piece_cg(const float* src, float* dst) {
+  if constexpr (P == 4) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(src));
+    dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+  } else {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(src));
+    dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
 template <int P>
 __device__ __forceinline__ void store_piece(float* dst, const float* v) {
   if constexpr (P == 4)
@@ -295,16 +307,7 @@ __device__ __noinline__ void combine_decode_row(const float* __restrict__ partia
       const float* row = partial + ((j * kWarp + src) * slice + th) * HD;
       float v[S::kVec];
 #pragma unroll
-      for (int p = 0; p < S::kPieces; ++p) {
-        const float* piece = row + S::piece_offset(p, lane);
-        if constexpr (S::kPiece == 4) {
-          const float4 f = __ldcg(reinterpret_cast<const float4*>(piece));
-          v[4 * p] = f.x, v[4 * p + 1] = f.y, v[4 * p + 2] = f.z, v[4 * p + 3] = f.w;
-        } else {
-          const float2 f = __ldcg(reinterpret_cast<const float2*>(piece));
-          v[2 * p] = f.x, v[2 * p + 1] = f.y;
-        }
-      }
+      for (int p = 0; p < S::kPieces; ++p) load_piece_cg<S::kPiece>(row + S::piece_offset(p, lane), v + p * S::kPiece);
 #pragma unroll
       for (int e = 0; e < S::kVec; ++e) a[e] = fmaf(w, v[e], a[e]);
     }

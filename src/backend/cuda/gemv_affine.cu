@@ -254,8 +254,7 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
     const int64_t row = (group - b.first_group[m]) * kRows + i % kRows;
     if (row >= b.rows[m]) continue;
-    const float sum = row_sum(i / kRows, i % kRows);
-    b.y[m][row] = sum;
+    b.y[m][row] = row_sum(i / kRows, i % kRows);
   }
 }
 
@@ -302,11 +301,10 @@ bool takes(const WeightView& w, const WeightView& first) {
          w.in == first.in;
 }
 
-// How b runs: its grid and dynamic shared memory (no blocks: nothing to do, or it does not fit);
-// b gets the layout from `first` and the plan's split.
+// How b runs: its grid and dynamic shared memory; b gets the layout from `first` and the plan's split.
 struct Plan {
-  bool fits = false;
-  unsigned blocks = 0;
+  bool fits = false;   // false: the batch does not fit shared memory
+  unsigned blocks = 0; // 0: nothing to do
   size_t shared = 0;
 };
 
