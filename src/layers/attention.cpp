@@ -58,13 +58,13 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
 
   KvPool& pool = ctx.cache.kv(kv_index);
   ops.rms_norm_rope_store(q, k, v, q_norm, k_norm, eps, ctx.positions, rope, ctx.attention, pool);
-  ctx.named(name + ".q", q);
-  ctx.named(name + ".k", k);
-  ctx.named(name + ".v", v);
+  ctx.named(name, ".q", q);
+  ctx.named(name, ".k", k);
+  ctx.named(name, ".v", v);
   Tensor attn = ctx.alloc({T, heads, hd});
   ops.attention(q, pool, ctx.attention, 1.0f / std::sqrt(static_cast<float>(hd)), attn);
   Tensor attn_flat = attn.reshape({T, heads * hd});
-  ctx.named(name + ".attention", attn_flat);
+  ctx.named(name, ".attention", attn_flat);
   if (output_gate) ops.sigmoid_mul(attn_flat, gate);
   ops.linear(attn_flat, o_proj, out);
 }

@@ -3,6 +3,7 @@
 // positions, and the caches. Built once per forward by the model; layers never see the Batch itself.
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "backend/ops.h"
 #include "cache/cache.h"
@@ -20,9 +21,11 @@ struct ForwardContext {
 
   // Activations: every one is an op's output before it is read.
   Tensor alloc(std::vector<int64_t> shape) { return ops.alloc_output(DType::f32, std::move(shape)); }
-  void named(const std::string& name, const Tensor& value) const {
-    if (dump) dump(name, value);
+  // The name is put together only when dumping: a decode step names hundreds of tensors.
+  void named(std::string_view prefix, std::string_view suffix, const Tensor& value) const {
+    if (dump) dump(std::string(prefix).append(suffix), value);
   }
+  void named(std::string_view name, const Tensor& value) const { named(name, {}, value); }
 };
 
 }  // namespace qinfer::layers

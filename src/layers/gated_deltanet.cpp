@@ -66,7 +66,7 @@ void GatedDeltaNet::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) c
   // 2. Causal conv over the channels with SiLU, continuing each sequence's window.
   Tensor conv = ctx.alloc({T, conv_channels});
   ops.conv1d_causal(qkv, conv1d, ctx.attention.seqs, ctx.cache.conv_state(state_index), conv);
-  ctx.named(name + ".conv", conv);
+  ctx.named(name, ".conv", conv);
 
   // 3. q, k l2-normalized per head (q also scaled by Dk^-1/2); v as is.
   Tensor q = ctx.alloc({T, Hk, Dk}), k = ctx.alloc({T, Hk, Dk}), v = ctx.alloc({T, Hv, Dv});
@@ -81,13 +81,13 @@ void GatedDeltaNet::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) c
   // 4. Gates and the delta rule over each sequence's state.
   Tensor g = ctx.alloc({T, Hv}), beta = ctx.alloc({T, Hv});
   ops.gdn_gates(a, b, A_log, dt_bias, g, beta);
-  ctx.named(name + ".g", g);
-  ctx.named(name + ".beta", beta);
+  ctx.named(name, ".g", g);
+  ctx.named(name, ".beta", beta);
   Tensor o = ctx.alloc({T, Hv, Dv});
   ops.gated_delta_rule(q, k, v, g, beta, ctx.attention.seqs, ctx.cache.delta_state(state_index), o,
                        GdnAlgorithm::automatic);
 
-  ctx.named(name + ".core", o);
+  ctx.named(name, ".core", o);
 
   // 5. Gated RMSNorm per value head with z, then out_proj.
   Tensor o_rows = o.reshape({T * Hv, Dv});

@@ -176,14 +176,14 @@ Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers
   // the mlp); the last one stands alone, the final norm taking only the selected rows.
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DecoderLayer& layer = layers_[i];
-    const std::string name = fmt::format("model.layers.{}", i);
+    const std::string name = ctx.dump ? fmt::format("model.layers.{}", i) : std::string();
     std::visit([&](const auto& mixer) { mixer.forward(ctx, normed, delta); }, layer.mixer);
     reduce(delta);
-    ctx.named(name + ".mixer", delta);
+    ctx.named(name, ".mixer", delta);
     ops_.add_rms_norm(h, delta, layer.post_attention_norm, eps, normed);
     std::visit([&](const auto& ffn) { ffn.forward(ctx, normed, delta); }, layer.ffn);
     reduce(delta);
-    ctx.named(name + ".mlp", delta);
+    ctx.named(name, ".mlp", delta);
     if (i + 1 < layers_.size()) ops_.add_rms_norm(h, delta, layers_[i + 1].input_norm, eps, normed);
     else ops_.add(h, delta);
     ctx.named(name, h);

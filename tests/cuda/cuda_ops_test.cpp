@@ -149,31 +149,39 @@ TEST(CudaOps, BadDeviceIndicesThrowAtTheNextSynchronization) {
 }
 
 // The greedy rule on the device: NaN never wins, ties go to the lowest id, −0 equals +0; other
-// settings take the host path. Both agree with sample_rows.
+// settings take the host path. Both agree with sample_rows. A vocabulary of 152k is split over
+// blocks: there the tie sits in different parts of the row, the lower id in the later-merged one.
 TEST(CudaOps, SamplingMatchesTheHostDefinition) {
   auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(5);
-  const int64_t S = 5, V = 3000;
-  Tensor logits = random_f32(rng, {S, V}, 3.0f);
-  float* l = logits.ptr<float>();
-  l[10] = l[20] = 50.0f;                                     // row 0: a tie at the top
-  l[V + 5] = std::numeric_limits<float>::quiet_NaN();        // row 1: NaN never wins
-  l[V + 6] = 40.0f;
-  for (int64_t i = 0; i < V; ++i) l[2 * V + i] = -0.0f;      // row 2: all zeros of both signs
-  l[2 * V + 7] = 0.0f;
-  for (int64_t i = 0; i < V; ++i) l[3 * V + i] = -INFINITY;  // row 3: all −inf
-  const Tensor device = to_device(*ops, logits);
-  std::vector<std::vector<int32_t>> history(S);
-  const std::vector<uint64_t> step = {0, 1, 2, 3, 4};
-  for (const SamplingParams params :
-       {SamplingParams{}, SamplingParams{.temperature = 0.8f, .top_k = 40, .seed = 9},
-        SamplingParams{.repetition_penalty = 1.5f}}) {
-    std::vector<SamplingParams> all(S, params);
-    if (params.repetition_penalty != 1.0f) history[4] = {1, 2, 3};
-    std::vector<int32_t> want, got;
-    sample_rows(logits, all, history, step, want);
-    ops->sample(device, all, history, step, got);
-    EXPECT_EQ(got, want) << "temperature " << params.temperature;
+  for (const int64_t V : {int64_t{3000}, int64_t{151936}}) {
+    const int64_t S = 5;
+    Tensor logits = random_f32(rng, {S, V}, 3.0f);
+    float* l = logits.ptr<float>();
+    l[10] = l[V - 20] = 50.0f;                                 // row 0: a tie at the top
+    l[V + 5] = std::numeric_limits<float>::quiet_NaN();        // row 1: NaN never wins
+    l[V + V / 2] = 40.0f;
+    for (int64_t i = 0; i < V; ++i) l[2 * V + i] = -0.0f;      // row 2: all zeros of both signs
+    l[2 * V + V - 7] = 0.0f;
+    for (int64_t i = 0; i < V; ++i) l[3 * V + i] = -INFINITY;  // row 3: all −inf
+    const Tensor device = to_device(*ops, logits);
+    std::vector<std::vector<int32_t>> history(S);
+    const std::vector<uint64_t> step = {0, 1, 2, 3, 4};
+    for (const SamplingParams params :
+         {SamplingParams{}, SamplingParams{.temperature = 0.8f, .top_k = 40, .seed = 9},
+          SamplingParams{.repetition_penalty = 1.5f}}) {
+      std::vector<SamplingParams> all(S, params);
+      if (params.repetition_penalty != 1.0f) history[4] = {1, 2, 3};
+      std::vector<int32_t> want, got;
+      sample_rows(logits, all, history, step, want);
+      ops->sample(device, all, history, step, got);
+      EXPECT_EQ(got, want) << "vocabulary " << V << ", temperature " << params.temperature;
+      if (params.temperature <= 0.0f && params.repetition_penalty == 1.0f) {
+        EXPECT_EQ(got[0], 10);
+        EXPECT_EQ(got[2], 0);
+        EXPECT_EQ(got[3], 0);
+      }
+    }
   }
 }
 

@@ -43,6 +43,35 @@ class DemoModel : public ::testing::Test {
   }
 };
 
+// `eval --dump` names: every layer's mixer output, MLP output and residual stream, the Gated DeltaNet
+// and attention intermediates under the layer's own name, then the final norm and the logits; the
+// dump's logits are the returned ones.
+TEST_F(DemoModel, DumpNamesEveryIntermediateOnce) {
+  Checkpoint checkpoint = open_checkpoint(kDemo);
+  std::unique_ptr<Ops> ops = make_cpu_ops(global_thread_pool());
+  Model model(checkpoint, *ops);
+  std::vector<std::string> names;
+  Tensor dumped_logits;
+  const Tensor logits = prompt_logits(model, {1, 2, 3}, parse_eval_mode("prefill"), [&](const std::string& name, const Tensor& t) {
+    names.push_back(name);
+    if (name == "logits") dumped_logits = t;
+  });
+  auto count = [&](const std::string& name) { return std::count(names.begin(), names.end(), name); };
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "model.embed_tokens");
+  EXPECT_EQ(names.back(), "logits");
+  EXPECT_EQ(count("model.norm"), 1);
+  const int64_t layers = model.config().num_hidden_layers;
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string layer = fmt::format("model.layers.{}", i);
+    EXPECT_EQ(count(layer), 1) << layer;
+    EXPECT_EQ(count(layer + ".mixer"), 1) << layer;
+    EXPECT_EQ(count(layer + ".mlp"), 1) << layer;
+    EXPECT_EQ(count(layer + ".self_attn.attention") + count(layer + ".linear_attn.core"), 1) << layer;
+  }
+  ASSERT_EQ(dumped_logits.shape, logits.shape);
+}
+
 TEST_F(DemoModel, LogitsMatchTransformersInPrefillAndDecode) {
   Checkpoint checkpoint = open_checkpoint(kDemo);
   std::unique_ptr<Ops> ops = make_cpu_ops(global_thread_pool());

@@ -272,7 +272,7 @@ void add_linear_gemv_affine(std::vector<Case>& cases) {
 void add_embedding(std::vector<Case>& cases) {
   struct Shape { int64_t V, H, T; };
   for (DType dt : kWeightTypes) {
-    for (const Shape s : {Shape{1, 1, 1}, Shape{50, 63, 7}, Shape{1000, 65, 33}, Shape{300, 1024, 40}}) {
+    for (const Shape s : {Shape{1, 1, 1}, Shape{50, 63, 7}, Shape{1000, 65, 33}, Shape{300, 1024, 40}, Shape{20, 4100, 2}}) {
       cases.push_back({"embedding", fmt::format("{} V={} H={} T={}", name(dt), s.V, s.H, s.T), [=](Run& r) {
                          std::vector<int32_t> ids(s.T);
                          for (auto& id : ids) id = static_cast<int32_t>(r.rng.integer(0, s.V - 1));

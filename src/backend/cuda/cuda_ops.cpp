@@ -1100,7 +1100,8 @@ class CudaOps final : public Ops {
     if (greedy) {
       out.resize(rows);
       Scratch ids(static_cast<size_t>(rows) * sizeof(int32_t), stream());
-      launch_argmax_rows(logits.ptr<float>(), rows, vocab, ids.as<int32_t>(), stream());
+      Scratch parts(argmax_scratch_bytes(rows, vocab), stream());
+      launch_argmax_rows(logits.ptr<float>(), rows, vocab, ids.as<int32_t>(), parts.as<void>(), stream());
       read_back(out.data(), ids.as<int32_t>(), static_cast<size_t>(rows) * sizeof(int32_t));
       return;
     }
@@ -1111,7 +1112,13 @@ class CudaOps final : public Ops {
 
  private:
   // Every op runs with this Ops' device current (the caller's thread may have another one).
-  void enter() const { QINFER_CUDA_CHECK(cudaSetDevice(stream_->device)); }
+  // cudaGetDevice reads the thread's current device; cudaSetDevice costs a driver call even when
+  // nothing changes, and a replayed decode step enters for every op and allocation.
+  void enter() const {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != stream_->device)
+      QINFER_CUDA_CHECK(cudaSetDevice(stream_->device));
+  }
 
   enum class Mode { eager, capturing, replaying };
 

@@ -233,6 +233,8 @@ void launch_delta_rule_chunked(const float* q, const float* k, const float* v, c
 
 // --- sample.cu ---------------------------------------------------------------------------------
 // out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).
-void launch_argmax_rows(const float* logits, int64_t S, int64_t V, int32_t* out, cudaStream_t stream);
+// scratch: argmax_scratch_bytes(S, V) bytes of device memory. S ≤ 65535.
+size_t argmax_scratch_bytes(int64_t S, int64_t V);
+void launch_argmax_rows(const float* logits, int64_t S, int64_t V, int32_t* out, void* scratch, cudaStream_t stream);
 
 }  // namespace qinfer::cuda
