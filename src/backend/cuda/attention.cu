@@ -280,28 +280,29 @@ __device__ __noinline__ void combine_decode_row(const float* __restrict__ partia
   constexpr int kPerLane = kAttentionDecodeMaxSplits / kWarp;
   const int lane = threadIdx.x % kWarp;
   const float* ml = partial + splits * slice * HD;
-  float m[kPerLane], weight[kPerLane];
+  float m[kPerLane], l[kPerLane], weight[kPerLane];
   float max_all = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
+  for (int j = 0; j < kPerLane; ++j) {  // (max, sum) pairs in one load each
     const int i = j * kWarp + lane;
-    m[j] = i < splits ? __ldcg(ml + 2 * (i * slice + th)) : -INFINITY;
+    const float2 pair = i < splits ? __ldcg(reinterpret_cast<const float2*>(ml) + i * slice + th)
+                                   : make_float2(-INFINITY, 0.0f);
+    m[j] = pair.x, l[j] = pair.y;
     max_all = fmaxf(max_all, m[j]);
   }
   max_all = warp_max(max_all);  // finite: every row sees a key in some split
   float total = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
-    const int i = j * kWarp + lane;
     weight[j] = m[j] == -INFINITY ? 0.0f : expf(m[j] - max_all);
-    if (i < splits) total += weight[j] * __ldcg(ml + 2 * (i * slice + th) + 1);
+    total += weight[j] * l[j];
   }
   total = warp_sum(total);
   float a[S::kVec] = {};
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int count = min(kWarp, splits - j * kWarp);
-#pragma unroll 8
+#pragma unroll 16
     for (int src = 0; src < count; ++src) {
       const float w = __shfl_sync(0xFFFFFFFFu, weight[j], src);
       const float* row = partial + ((j * kWarp + src) * slice + th) * HD;
@@ -342,8 +343,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
   constexpr int kStages = S::kStages;
   constexpr int kChunksPerLookup = kWarp / kChunk;  // chunks whose pool rows one lane-wide lookup finds
   constexpr unsigned kAll = 0xFFFFFFFFu;
+  // The layout arrays come from host copies, which finish before any kernel of the chain starts,
+  // and keys before `cached` from earlier steps: both are read before wait_for_previous_kernel(),
+  // so the block table lookups and the first key loads overlap the previous kernel's tail. The
+  // step's own keys (written by the previous kernel) and q are read after it.
   allow_next_kernel();
-  wait_for_previous_kernel();
   extern __shared__ float4 decode_smem[];
   float* smem = reinterpret_cast<float*>(decode_smem);
 
@@ -361,18 +365,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int64_t t = seq_begin + row / group, h = static_cast<int64_t>(kvh) * group + row % group;
     return (t * heads + h) * HD;
   };
-  float qr[R][kVec];
   int limit[R];  // keys row r sees (causal)
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rr = min(r, rows - 1);
-    limit[r] = cached + (r0 + rr) / group + 1;
-    const float* src = q + q_offset(rr);
-#pragma unroll
-    for (int p = 0; p < kPieces; ++p) load_piece<kPiece>(src + S::piece_offset(p, lane), qr[r] + p * kPiece);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) qr[r][e] *= scale_log2;
-  }
+  for (int r = 0; r < R; ++r) limit[r] = cached + (r0 + min(r, rows - 1)) / group + 1;
 
   // The split's chunks of kChunk keys; this warp's are c_begin + warp + i·kDecodeWarps.
   const int tile_keys = limit[R - 1];
@@ -415,11 +410,26 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[r][e] = 0.0f;
   }
-  // Every step commits a group (empty past the end) so that wait_group counts chunks.
+  // Every step commits a group (empty past the end) so that wait_group counts chunks. The first
+  // chunks load before the wait when every key they touch (past-the-end lanes load the tile's last
+  // key) is older than this step.
+  const int first_chunks = min(n_chunks, kStages - 1);
+  const bool early = first_chunks == 0 || min(first_key(first_chunks - 1) + kChunk, tile_keys) <= cached;
+  if (!early) wait_for_previous_kernel();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < n_chunks) issue(i);
     cp_async_commit();
+  }
+  if (early) wait_for_previous_kernel();
+  float qr[R][kVec];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float* src = q + q_offset(min(r, rows - 1));
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p) load_piece<kPiece>(src + S::piece_offset(p, lane), qr[r] + p * kPiece);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) qr[r][e] *= scale_log2;
   }
   for (int i = 0; i < n_chunks; ++i) {
     __syncwarp();  // this lane's reads of the stage being refilled (chunk i − 1) are done
