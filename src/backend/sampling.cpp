@@ -101,21 +101,40 @@ float softmax_weight(float logit, float max_logit, float temperature) {
 // whose weight reaches a threshold, lowered until the set holds the top `count` and a prefix of
 // mass `mass` (weights are ≤ 1, the best being exp(0)). Sorting only these keeps a 250k vocabulary
 // from costing a full sort per token.
-std::vector<int32_t> leading_candidates(const std::vector<float>& weight, size_t count, double mass, float threshold) {
+std::vector<std::pair<int32_t, float>> leading_candidates(RowWeights& weights, size_t count, double mass, float threshold) {
   std::vector<int32_t> ids;
+  std::vector<float> w;
   for (;;) {
-    ids.clear();
+    weights.at_least(threshold, ids, w);
     double sum = 0.0;
-    for (size_t i = 0; i < weight.size(); ++i)
-      if (weight[i] >= threshold) ids.push_back(static_cast<int32_t>(i)), sum += weight[i];
+    for (float v : w) sum += v;
     if (threshold == 0.0f || (ids.size() >= count && sum >= mass)) break;
     threshold = threshold > 1e-30f ? threshold / 64.0f : 0.0f;
   }
-  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
-    return weight[a] > weight[b] || (weight[a] == weight[b] && a < b);
+  std::vector<std::pair<int32_t, float>> order(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) order[i] = {ids[i], w[i]};
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
   });
-  return ids;
+  return order;
 }
+
+// RowWeights over a row's weights in host memory.
+class HostWeights final : public RowWeights {
+ public:
+  explicit HostWeights(const std::vector<float>& w) : w_(w) {}
+  void at_least(float threshold, std::vector<int32_t>& ids, std::vector<float>& weights) override {
+    ids.clear(), weights.clear();
+    for (size_t i = 0; i < w_.size(); ++i)
+      if (w_[i] >= threshold) ids.push_back(static_cast<int32_t>(i)), weights.push_back(w_[i]);
+  }
+  void range(int64_t begin, int64_t end, std::vector<float>& weights) override {
+    weights.assign(w_.begin() + begin, w_.begin() + end);
+  }
+
+ private:
+  const std::vector<float>& w_;
+};
 
 int32_t sample_row(std::vector<float>& logits, const SamplingParams& p, uint64_t step) {
   if (p.temperature <= 0.0f) return argmax(logits);
@@ -127,71 +146,92 @@ int32_t sample_row(std::vector<float>& logits, const SamplingParams& p, uint64_t
   std::vector<float>& weight = logits;  // in place
   float* w = weight.data();
   const float temperature = p.temperature;  // a local: stores through w could alias p
-  for (size_t i = 0; i < vocab; ++i) w[i] = softmax_weight(w[i], max_logit, temperature);
-  // Mass in blocks of 1024 tokens: the total, and the draw's walk over the whole vocabulary, visit
-  // block sums first and then a single block.
-  constexpr size_t kBlock = 1024;
-  std::vector<double> blocks((vocab + kBlock - 1) / kBlock);
+  for (size_t i = 0; i < vocab; ++i) w[i] = sampling_weight(w[i], max_logit, temperature);
+  std::vector<double> blocks((vocab + kSamplingBlock - 1) / kSamplingBlock);
+  for (size_t b = 0; b < blocks.size(); ++b)
+    blocks[b] = sampling_block_sum(w + b * kSamplingBlock, std::min<size_t>(kSamplingBlock, vocab - b * kSamplingBlock));
+  HostWeights source(weight);
+  return pick_weighted(p, step, best, static_cast<int64_t>(vocab), blocks, source);
+}
+
+}  // namespace
+
+float sampling_weight(float logit, float max_logit, float temperature) {
+  return softmax_weight(logit, max_logit, temperature);
+}
+
+double sampling_block_sum(const float* w, size_t n) { return block_sum(w, 0, n); }
+
+int32_t pick_weighted(const SamplingParams& p, uint64_t step, int32_t best, int64_t vocab_size,
+                      const std::vector<double>& blocks, RowWeights& weights) {
+  const auto vocab = static_cast<size_t>(vocab_size);
+  // Mass in blocks of kSamplingBlock tokens: the total, and the draw's walk over the whole
+  // vocabulary, visit block sums first and then a single block.
   double total = 0.0;
-  for (size_t b = 0; b < blocks.size(); ++b) total += blocks[b] = block_sum(w, b * kBlock, std::min(vocab, (b + 1) * kBlock));
+  for (double b : blocks) total += b;
 
   const bool top_k = p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab;
-  std::vector<int32_t> kept;  // ascending ids; empty: the whole vocabulary
+  std::vector<std::pair<int32_t, float>> kept;  // ascending ids; empty: the whole vocabulary
   double mass = total;
   if (top_k || p.top_p < 1.0f || p.min_p > 0.0f) {
     size_t n = top_k ? static_cast<size_t>(p.top_k) : vocab;
     // Without top_k the top_p prefix is measured against the whole vocabulary's mass; with it,
     // against the top k's, which the candidates hold anyway.
     const double p_mass = p.top_p < 1.0f && !top_k ? static_cast<double>(p.top_p) * total : 0.0;
-    const float threshold = p.min_p > 0.0f ? std::min(p.min_p, 1.0f / 4096) : 1.0f / 4096;
-    const std::vector<int32_t> order = leading_candidates(weight, top_k ? n : 1, p_mass, threshold);
+    const std::vector<std::pair<int32_t, float>> order =
+        leading_candidates(weights, top_k ? n : 1, p_mass, sampling_threshold(p));
     n = std::min(n, order.size());
     double n_mass = 0.0;
-    for (size_t i = 0; i < n; ++i) n_mass += weight[order[i]];
+    for (size_t i = 0; i < n; ++i) n_mass += order[i].second;
     if (p.top_p < 1.0f) {
       const double target = static_cast<double>(p.top_p) * (top_k ? n_mass : total);
       double cum = 0.0;
       size_t i = 0;
       while (i < n) {
-        cum += weight[order[i++]];
+        cum += order[i++].second;
         if (cum >= target) break;
       }
       n = i;
     }
     if (p.min_p > 0.0f) {
-      const float cut = p.min_p * weight[order[0]];
+      const float cut = p.min_p * order[0].second;
       size_t i = 1;
-      while (i < n && weight[order[i]] >= cut) ++i;
+      while (i < n && order[i].second >= cut) ++i;
       n = i;
     }
     kept.assign(order.begin(), order.begin() + n);
     std::sort(kept.begin(), kept.end());
     mass = 0.0;
-    for (int32_t id : kept) mass += weight[id];
+    for (const auto& [id, w] : kept) mass += w;
   }
 
   const double target = sampling_uniform(p.seed, step) * mass;
   double cum = 0.0;
   int32_t last = best;  // the last positive weight passed: the pick when rounding leaves u·mass unreached
   if (!kept.empty()) {
-    for (int32_t id : kept) {
-      if (weight[id] == 0.0f) continue;
-      cum += weight[id], last = id;
+    for (const auto& [id, w] : kept) {
+      if (w == 0.0f) continue;
+      cum += w, last = id;
       if (target < cum) return id;
     }
     return last;
   }
   size_t b = 0;
   while (b + 1 < blocks.size() && cum + blocks[b] <= target) cum += blocks[b++];
-  for (size_t i = b * kBlock; i < std::min(vocab, (b + 1) * kBlock); ++i) {
+  const int64_t begin = static_cast<int64_t>(b * kSamplingBlock);
+  std::vector<float> w;
+  weights.range(begin, std::min<int64_t>(vocab_size, begin + kSamplingBlock), w);
+  for (size_t i = 0; i < w.size(); ++i) {
     if (w[i] == 0.0f) continue;
-    cum += w[i], last = static_cast<int32_t>(i);
+    cum += w[i], last = static_cast<int32_t>(begin + static_cast<int64_t>(i));
     if (target < cum) return last;
   }
   return last;
 }
 
-}  // namespace
+float sampling_threshold(const SamplingParams& p) {
+  return p.min_p > 0.0f ? std::min(p.min_p, 1.0f / 4096) : 1.0f / 4096;
+}
 
 double sampling_uniform(uint64_t seed, uint64_t step) {
   return static_cast<double>(splitmix64(splitmix64(seed) + step) >> 11) * 0x1.0p-53;

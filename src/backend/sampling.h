@@ -1,6 +1,7 @@
 #pragma once
 // Sampling parameters and the one definition of how a token is picked from logits, shared by every
 // backend so that a seeded request gives the same tokens on CPU and GPU.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -40,5 +41,31 @@ void sample_rows(const Tensor& logits, const std::vector<SamplingParams>& params
 
 // The uniform [0,1) draw of step 3 (53 random bits), exposed for tests and for device backends.
 double sampling_uniform(uint64_t seed, uint64_t step);
+
+// The pieces of sample_rows a device backend reproduces (its kernels compute the same bits; these
+// are the definitions):
+// step 3's weight of one logit (after penalties and canonicalisation; max_logit the row's largest);
+float sampling_weight(float logit, float max_logit, float temperature);
+// the mass of a block of n ≤ kSamplingBlock weights: four interleaved double sums over i, i+1, i+2,
+// i+3 (a tail of n % 4 into the first), then (s0 + s1) + (s2 + s3);
+constexpr int64_t kSamplingBlock = 1024;
+double sampling_block_sum(const float* w, size_t n);
+// the first candidate threshold of top_k / top_p / min_p (lowered by 64× while too few pass).
+float sampling_threshold(const SamplingParams& p);
+
+// Where a row's weights are, for the filters and the draw: ids (ascending) with their weights where
+// the weight ≥ threshold, and the weights of an id range. Device backends answer from what their
+// kernels brought back, fetching more only when the pick needs it.
+class RowWeights {
+ public:
+  virtual ~RowWeights() = default;
+  virtual void at_least(float threshold, std::vector<int32_t>& ids, std::vector<float>& weights) = 0;
+  virtual void range(int64_t begin, int64_t end, std::vector<float>& weights) = 0;
+};
+
+// Steps 3-4 once the weights exist: `best` is the row's argmax, blocks[b] the mass of ids
+// [b·kSamplingBlock, ...) (sampling_block_sum). Used by sample_rows itself.
+int32_t pick_weighted(const SamplingParams& p, uint64_t step, int32_t best, int64_t vocab_size,
+                      const std::vector<double>& blocks, RowWeights& weights);
 
 }  // namespace qinfer

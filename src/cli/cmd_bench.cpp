@@ -147,17 +147,17 @@ PrefillResult measure_prefill(models::Runner& model, int64_t tokens, std::mt1993
   return {tokens, seconds};
 }
 
-// `batch` sequences prefilled with `context` tokens, then `gen` greedy steps picked on the device;
+// `batch` sequences prefilled with `context` tokens, then `gen` steps picked by `sampling`;
 // the median step (forward + sampling + the ids back to the host).
 DecodeResult measure_decode(models::Runner& model, const models::Checkpoint& ck, int ranks, int64_t batch,
-                            int64_t context, int64_t gen, std::mt19937& rng) {
+                            int64_t context, int64_t gen, const SamplingParams& sampling, std::mt19937& rng) {
   ModelCache cache = model.cache_for(context + gen + 1, batch);
   std::vector<SequenceCache> seqs(static_cast<size_t>(batch));
   models::Batch prefill;
   for (SequenceCache& seq : seqs)
     prefill.sequences.push_back({random_tokens(rng, context, model.config().vocab_size), &seq, false});
   Tensor logits = model.forward(prefill, cache);
-  const std::vector<SamplingParams> params(static_cast<size_t>(batch), SamplingParams{.temperature = 0.0f});
+  const std::vector<SamplingParams> params(static_cast<size_t>(batch), sampling);
   const std::vector<std::vector<int32_t>> history(static_cast<size_t>(batch));
   std::vector<uint64_t> step_index(static_cast<size_t>(batch), 0);
   std::vector<int32_t> next;
@@ -185,6 +185,7 @@ void add_bench_command(CLI::App& app) {
     int32_t bits = 0;
     int tensor_parallel = 1;
     bool json = false, print_config = false;
+    SamplingParams sampling{.temperature = 0.0f, .seed = 1};
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed, and decode GB/s against a bandwidth probe");
@@ -199,6 +200,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prompt", o->prompt, "prefill lengths to time, comma-separated (default 128)")->delimiter(',');
   cmd->add_option("--gen", o->gen, "decode steps to time per batch size (default 32)");
   cmd->add_option("--context", o->context, "tokens each decode sequence holds before the timed steps (default 128)");
+  cmd->add_option("--temp", o->sampling.temperature, "decode picks: temperature (default 0: greedy)");
+  cmd->add_option("--top-k", o->sampling.top_k, "decode picks: top-k (default 0: off)");
+  cmd->add_option("--top-p", o->sampling.top_p, "decode picks: top-p (default 1: off)");
   cmd->add_flag("--json", o->json, "print one JSON object instead of the table");
   cmd->add_flag("--print-config", o->print_config, "with --shape: print the config.json of the shape and exit");
   cmd->add_option("--save", o->save,
@@ -280,7 +284,7 @@ void add_bench_command(CLI::App& app) {
     std::vector<DecodeResult> decodes;
     for (int64_t b : o->batch) {
       log_info("bench: decode at batch {}", b);
-      decodes.push_back(measure_decode(model, ck, ranks, b, o->context, o->gen, rng));
+      decodes.push_back(measure_decode(model, ck, ranks, b, o->context, o->gen, o->sampling, rng));
     }
 
     const std::string weights = ck.config.quantization
@@ -303,6 +307,9 @@ void add_bench_command(CLI::App& app) {
                       {"copy_probe_gbs", probe.gbs},
                       {"probe", probe.what},
                       {"decode_context", o->context},
+                      {"decode_sampling", {{"temperature", o->sampling.temperature},
+                                           {"top_k", o->sampling.top_k},
+                                           {"top_p", o->sampling.top_p}}},
                       {"prefill", io::json::array()},
                       {"decode", io::json::array()}};
       for (const PrefillResult& p : prefills)
@@ -337,7 +344,11 @@ void add_bench_command(CLI::App& app) {
           d.batch, d.step_s * 1e3, d.host_s * 1e3, static_cast<double>(d.batch) / d.step_s, d.bytes / 1e6, gbs,
           100.0 * gbs / ceiling_gbs);
     }
-    fmt::print("(decode: median over {} steps after a {}-token prompt per sequence)\n", o->gen, o->context);
+    fmt::print("(decode: median over {} steps after a {}-token prompt per sequence; {})\n", o->gen, o->context,
+               o->sampling.temperature <= 0.0f
+                   ? std::string("greedy")
+                   : fmt::format("sampled at temperature {}, top-k {}, top-p {}", o->sampling.temperature,
+                                 o->sampling.top_k, o->sampling.top_p));
   });
 }
 

@@ -39,6 +39,19 @@ TEST(Bench, JsonReportsEveryPrefillAndBatch) {
   EXPECT_NEAR(three["tok_s"].get<double>(), 3e3 / three["ms_per_step"].get<double>(), 1e-6);
 }
 
+// --temp / --top-k / --top-p: the decode steps are sampled, and the JSON says how.
+TEST(Bench, DecodeSamplesWithTheGivenSettings) {
+  CommandResult r = run_command(std::string(QINFER_BINARY) + " bench --model '" + kFixture.string() +
+                                "' --batch 2 --prompt 5 --gen 3 --context 6 --temp 0.7 --top-k 20 --top-p 0.8 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const io::json out = io::json::parse(r.out);
+  EXPECT_FLOAT_EQ(out["decode_sampling"]["temperature"].get<float>(), 0.7f);
+  EXPECT_EQ(out["decode_sampling"]["top_k"], 20);
+  EXPECT_FLOAT_EQ(out["decode_sampling"]["top_p"].get<float>(), 0.8f);
+  ASSERT_EQ(out["decode"].size(), 1u);
+  EXPECT_GT(out["decode"][0]["tok_s"].get<double>(), 0.0);
+}
+
 TEST(Bench, BadArgumentsAreNamed) {
   CommandResult r = run_command(std::string(QINFER_BINARY) + " bench --model '" + kFixture.string() + "' --batch 0");
   EXPECT_NE(r.status, 0);

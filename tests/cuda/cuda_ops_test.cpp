@@ -148,14 +148,16 @@ TEST(CudaOps, BadDeviceIndicesThrowAtTheNextSynchronization) {
   EXPECT_THROW(copy(*ops, moe_out, host), Error);
 }
 
-// The greedy rule on the device: NaN never wins, ties go to the lowest id, −0 equals +0; other
-// settings take the host path. Both agree with sample_rows. A vocabulary of 152k is split over
-// blocks: there the tie sits in different parts of the row, the lower id in the later-merged one.
+// Sampling on the device gives sample_rows' ids for every setting: the greedy rule (NaN never wins,
+// ties go to the lowest id, −0 equals +0), penalties, a plain temperature draw (one block of weights
+// comes back), top-k / top-p / min-p from the compacted candidates, and rows where more than the
+// compaction holds pass the threshold (the whole row comes back). A vocabulary of 152k is split
+// over blocks: there the tie sits in different parts of the row, the lower id in the later-merged one.
 TEST(CudaOps, SamplingMatchesTheHostDefinition) {
   auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(5);
   for (const int64_t V : {int64_t{3000}, int64_t{151936}}) {
-    const int64_t S = 5;
+    const int64_t S = 6;
     Tensor logits = random_f32(rng, {S, V}, 3.0f);
     float* l = logits.ptr<float>();
     l[10] = l[V - 20] = 50.0f;                                 // row 0: a tie at the top
@@ -164,14 +166,23 @@ TEST(CudaOps, SamplingMatchesTheHostDefinition) {
     for (int64_t i = 0; i < V; ++i) l[2 * V + i] = -0.0f;      // row 2: all zeros of both signs
     l[2 * V + V - 7] = 0.0f;
     for (int64_t i = 0; i < V; ++i) l[3 * V + i] = -INFINITY;  // row 3: all −inf
+    // Row 5: one clear best over a mass of weights just under the first threshold (top_p lowers it).
+    for (int64_t i = 0; i < V; ++i) l[5 * V + i] = -9.0f;
+    l[5 * V + 7] = 0.0f;
     const Tensor device = to_device(*ops, logits);
     std::vector<std::vector<int32_t>> history(S);
-    const std::vector<uint64_t> step = {0, 1, 2, 3, 4};
+    const std::vector<uint64_t> step = {0, 1, 2, 3, 4, 5};
+    history[4] = {1, 2, 3, 2, static_cast<int32_t>(V - 1), static_cast<int32_t>(V), -1};
     for (const SamplingParams params :
          {SamplingParams{}, SamplingParams{.temperature = 0.8f, .top_k = 40, .seed = 9},
-          SamplingParams{.repetition_penalty = 1.5f}}) {
+          SamplingParams{.repetition_penalty = 1.5f}, SamplingParams{.temperature = 1.0f, .seed = 3},
+          SamplingParams{.temperature = 0.7f, .top_p = 0.9f, .seed = 4},
+          SamplingParams{.temperature = 0.6f, .top_k = 20, .top_p = 0.95f, .seed = 5},
+          SamplingParams{.temperature = 1.0f, .min_p = 0.1f, .seed = 6},
+          SamplingParams{.temperature = 0.9f, .top_p = 0.8f, .repetition_penalty = 1.3f, .presence_penalty = 0.5f,
+                         .frequency_penalty = 0.3f, .seed = 7},
+          SamplingParams{.temperature = 30.0f, .top_p = 0.5f, .seed = 8}}) {
       std::vector<SamplingParams> all(S, params);
-      if (params.repetition_penalty != 1.0f) history[4] = {1, 2, 3};
       std::vector<int32_t> want, got;
       sample_rows(logits, all, history, step, want);
       ops->sample(device, all, history, step, got);

@@ -4,7 +4,7 @@
 # benchmarks, in one call (device time is scarce), a few lines per result on stdout.
 #
 #   tools/gpu_bench/check.sh [--no-tests] [--perf OP_SUBSTRING] [--bench SHAPE[:4bit],...] [--tp N]
-#                            [--compare NAME]
+#                            [--compare NAME] [--sampled]
 #
 #   --no-tests   skip cuda_tests, op_harness (cuda, cuda-fast) and memcheck
 #   --perf S     op_harness --perf over the ops whose case names contain S (fast precision)
@@ -13,6 +13,8 @@
 #   --tp N       the benches also at --tensor-parallel N (a machine with N GPUs)
 #   --compare B  per benched shape, batch-1 decode of build-gpu/B (packed with pack.sh --also B=...)
 #                and of this qinfer in turn, three rounds each: an A/B in one call, on one machine
+#   --sampled    per benched shape, decode at batch 1 and 8 also sampled (temperature 0.7, top-k 20,
+#                top-p 0.8: Qwen's chat settings), and at temperature 1 with no filter
 #
 # Everything each step printed goes to $OUT/check.log (one file: a call returns only a few).
 set -uo pipefail
@@ -20,7 +22,7 @@ build=${QINFER_GPU_BUILD:-build-gpu}
 export LD_LIBRARY_PATH="$PWD/$build:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export TMPDIR=${TMPDIR:-/dev/shm} QINFER_TEST_DATA="$PWD/tests/fixtures" PATH="$PATH:/usr/local/cuda/bin"
 log="${OUT:-.}/check.log"
-tests=1 perf="" bench="" tp="" compare=""
+tests=1 perf="" bench="" tp="" compare="" sampled=0
 while (($#)); do
   case $1 in
     --no-tests) tests=0 ;;
@@ -28,6 +30,7 @@ while (($#)); do
     --bench) bench=$2; shift ;;
     --tp) tp=$2; shift ;;
     --compare) compare=$2; shift ;;
+    --sampled) sampled=1 ;;
     *) echo "check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -76,6 +79,13 @@ for item in "${shapes[@]}"; do
       --batch 1,8 --prompt 512,8192 --gen 64 --context 512
     grep -E 'model|probe|prefill|decode batch' "$step_out"
   done
+  if ((sampled)); then
+    for how in "--temp 0.7 --top-k 20 --top-p 0.8" "--temp 1"; do
+      run "sampled $item ($how)" 300 "$build/qinfer" bench --model "$dir" --device cuda --batch 1,8 --prompt 16 \
+        --gen 64 --context 512 $how
+      grep -E 'decode batch' "$step_out"
+    done
+  fi
   if [[ -n $compare ]]; then
     for round in 1 2 3; do
       for bin in "$compare" qinfer; do

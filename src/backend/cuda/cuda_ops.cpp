@@ -1079,8 +1079,11 @@ class CudaOps final : public Ops {
     synchronize();
   }
 
-  // Greedy rows without penalties are picked on the device (one id per row comes back); any other
-  // setting copies the logits to the host and runs sampling.h's definition there.
+  // Greedy rows without penalties are picked on the device (one id per row comes back). Other rows
+  // are weighed on the device (sample.cu) and finished by sampling.h's pick_weighted from what comes
+  // back: the argmax, the block masses and the candidates above the first threshold (or one block
+  // of weights for a plain temperature draw); the whole row only where the pick lowers its threshold
+  // or more than kSampleCandidates pass.
   void sample(const Tensor& logits, const std::vector<SamplingParams>& params,
               const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
               std::vector<int32_t>& out) override {
@@ -1105,12 +1108,151 @@ class CudaOps final : public Ops {
       read_back(out.data(), ids.as<int32_t>(), static_cast<size_t>(rows) * sizeof(int32_t));
       return;
     }
-    Tensor host = host_tensor(DType::f32, logits.shape);
-    copy(logits, host);
-    sample_rows(host, params, history, step, out);
+    sample_on_device(logits, params, history, step, out);
   }
 
  private:
+  static constexpr int kSampleCandidates = 4096;
+  static_assert(kSamplingBlockIds == kSamplingBlock, "sample.cu's blocks are sampling.h's");
+
+  // A row's weights on the device, for pick_weighted: the candidates brought back, else the row.
+  class DeviceWeights final : public RowWeights {
+   public:
+    DeviceWeights(CudaOps& ops, const float* row, int64_t vocab, float threshold, std::vector<int32_t> ids,
+                  std::vector<float> weights, bool complete)
+        : ops_(ops), row_(row), vocab_(vocab), threshold_(threshold), ids_(std::move(ids)), weights_(std::move(weights)),
+          complete_(complete) {}
+    void at_least(float threshold, std::vector<int32_t>& ids, std::vector<float>& weights) override {
+      if (complete_ && threshold == threshold_) {
+        ids = ids_, weights = weights_;
+        return;
+      }
+      fetch_row();
+      ids.clear(), weights.clear();
+      for (int64_t i = 0; i < vocab_; ++i)
+        if (full_[i] >= threshold) ids.push_back(static_cast<int32_t>(i)), weights.push_back(full_[i]);
+    }
+    void range(int64_t begin, int64_t end, std::vector<float>& weights) override {
+      weights.resize(static_cast<size_t>(end - begin));
+      if (!full_.empty()) {
+        std::copy(full_.begin() + begin, full_.begin() + end, weights.begin());
+        return;
+      }
+      ops_.read_back(weights.data(), row_ + begin, weights.size() * sizeof(float));
+    }
+
+   private:
+    void fetch_row() {
+      if (!full_.empty()) return;
+      full_.resize(static_cast<size_t>(vocab_));
+      ops_.read_back(full_.data(), row_, full_.size() * sizeof(float));
+    }
+    CudaOps& ops_;
+    const float* row_;
+    int64_t vocab_;
+    float threshold_;
+    std::vector<int32_t> ids_;
+    std::vector<float> weights_;
+    bool complete_;  // ids_ hold every weight ≥ threshold_
+    std::vector<float> full_;
+  };
+
+  void sample_on_device(const Tensor& logits, const std::vector<SamplingParams>& params,
+                        const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
+                        std::vector<int32_t>& out) {
+    const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+    QINFER_CHECK(rows <= 65535, "sample: at most 65535 rows at once on cuda (got {})", rows);
+    const int64_t nb = (vocab + kSamplingBlock - 1) / kSamplingBlock;
+    // Each row's parameters, and its distinct history ids in [0, vocab) with their counts.
+    std::vector<DeviceSampleRow> host_rows(static_cast<size_t>(rows));
+    std::vector<int32_t> penalty_ids, penalty_counts;
+    bool any_candidates = false;
+    for (int64_t s = 0; s < rows; ++s) {
+      const SamplingParams& p = params[s];
+      DeviceSampleRow& r = host_rows[s];
+      r.temperature = p.temperature, r.repetition = p.repetition_penalty;
+      r.presence = p.presence_penalty, r.frequency = p.frequency_penalty;
+      r.threshold = sampling_threshold(p);
+      r.candidates = p.temperature > 0.0f && ((p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f || p.min_p > 0.0f);
+      any_candidates = any_candidates || r.candidates;
+      r.penalties_begin = r.penalties_end = static_cast<int32_t>(penalty_ids.size());
+      if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) continue;
+      std::vector<int32_t> ids;
+      for (int32_t id : history[s])
+        if (id >= 0 && id < vocab) ids.push_back(id);
+      std::sort(ids.begin(), ids.end());
+      for (size_t i = 0; i < ids.size();) {
+        size_t j = i;
+        while (j < ids.size() && ids[j] == ids[i]) ++j;
+        penalty_ids.push_back(ids[i]);
+        penalty_counts.push_back(static_cast<int32_t>(j - i));
+        i = j;
+      }
+      r.penalties_end = static_cast<int32_t>(penalty_ids.size());
+    }
+    Scratch rows_device(host_rows.size() * sizeof(DeviceSampleRow), stream());
+    Scratch ids_device(std::max<size_t>(1, penalty_ids.size()) * sizeof(int32_t), stream());
+    Scratch counts_device(std::max<size_t>(1, penalty_ids.size()) * sizeof(int32_t), stream());
+    QINFER_CUDA_CHECK(cudaMemcpyAsync(rows_device.as<void>(), host_rows.data(), host_rows.size() * sizeof(DeviceSampleRow),
+                                      cudaMemcpyHostToDevice, stream()));
+    if (!penalty_ids.empty()) {
+      QINFER_CUDA_CHECK(cudaMemcpyAsync(ids_device.as<void>(), penalty_ids.data(), penalty_ids.size() * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, stream()));
+      QINFER_CUDA_CHECK(cudaMemcpyAsync(counts_device.as<void>(), penalty_counts.data(),
+                                        penalty_counts.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
+    }
+    const auto n = static_cast<size_t>(rows);
+    Scratch work(n * static_cast<size_t>(vocab) * sizeof(float), stream());
+    Scratch best(n * sizeof(int32_t), stream()), row_max(n * sizeof(float), stream());
+    Scratch masses(n * static_cast<size_t>(nb) * sizeof(double), stream());
+    Scratch passing(n * static_cast<size_t>(nb) * sizeof(int32_t), stream());
+    Scratch candidate_ids(n * kSampleCandidates * sizeof(int32_t), stream());
+    Scratch candidate_weights(n * kSampleCandidates * sizeof(float), stream());
+    Scratch argmax_scratch(argmax_scratch_bytes(rows, vocab), stream());
+    const SamplingBuffers buf{work.as<float>(),        best.as<int32_t>(),          row_max.as<float>(),
+                              masses.as<double>(),     passing.as<int32_t>(),       kSampleCandidates,
+                              candidate_ids.as<int32_t>(), candidate_weights.as<float>(), argmax_scratch.as<void>()};
+    launch_sampling_weigh(logits.ptr<float>(), rows, vocab, rows_device.as<DeviceSampleRow>(), ids_device.as<int32_t>(),
+                          counts_device.as<int32_t>(), buf, stream());
+    std::vector<int32_t> best_host(n), passing_host(n * static_cast<size_t>(nb));
+    std::vector<float> max_host(n);
+    std::vector<double> masses_host(n * static_cast<size_t>(nb));
+    read_back(best_host.data(), buf.best, n * sizeof(int32_t));
+    read_back(max_host.data(), buf.row_max, n * sizeof(float));
+    read_back(masses_host.data(), buf.masses, masses_host.size() * sizeof(double));
+    read_back(passing_host.data(), buf.passing, passing_host.size() * sizeof(int32_t));
+    std::vector<int32_t> cand_ids;
+    std::vector<float> cand_weights;
+    if (any_candidates) {
+      cand_ids.resize(n * kSampleCandidates), cand_weights.resize(n * kSampleCandidates);
+      read_back(cand_ids.data(), buf.candidate_ids, cand_ids.size() * sizeof(int32_t));
+      read_back(cand_weights.data(), buf.candidate_weights, cand_weights.size() * sizeof(float));
+    }
+    out.resize(n);
+    for (int64_t s = 0; s < rows; ++s) {
+      const SamplingParams& p = params[s];
+      if (p.temperature <= 0.0f || std::isinf(max_host[s])) {  // sample_row's first returns
+        out[s] = best_host[s];
+        continue;
+      }
+      const auto first = static_cast<size_t>(s * nb);
+      const std::vector<double> blocks(masses_host.begin() + first, masses_host.begin() + first + nb);
+      int64_t passed = 0;
+      for (int64_t b = 0; b < nb; ++b) passed += passing_host[first + b];
+      const bool complete = host_rows[s].candidates && passed <= kSampleCandidates;
+      std::vector<int32_t> ids;
+      std::vector<float> weights;
+      if (complete) {
+        const auto at = static_cast<size_t>(s) * kSampleCandidates;
+        ids.assign(cand_ids.begin() + at, cand_ids.begin() + at + passed);
+        weights.assign(cand_weights.begin() + at, cand_weights.begin() + at + passed);
+      }
+      DeviceWeights source(*this, buf.work + s * vocab, vocab, host_rows[s].threshold, std::move(ids), std::move(weights),
+                           complete);
+      out[s] = pick_weighted(p, step[s], best_host[s], vocab, blocks, source);
+    }
+  }
+
   // Every op runs with this Ops' device current (the caller's thread may have another one).
   // cudaGetDevice reads the thread's current device; cudaSetDevice costs a driver call even when
   // nothing changes, and a replayed decode step enters for every op and allocation.

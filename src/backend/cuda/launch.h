@@ -233,6 +233,36 @@ void launch_delta_rule_chunked(const float* q, const float* k, const float* v, c
 
 // --- sample.cu ---------------------------------------------------------------------------------
 // out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).
+// One row of a sampling call as the device reads it (sampling.h's parameters; penalties over the
+// distinct history ids [penalties_begin, penalties_end) of the call's id/count arrays).
+struct DeviceSampleRow {
+  float temperature, repetition, presence, frequency;
+  float threshold;  // sampling_threshold: candidates are compacted at it where `candidates`
+  int32_t penalties_begin, penalties_end;
+  int32_t candidates;
+};
+
+constexpr int64_t kSamplingBlockIds = 1024;  // sampling.h's kSamplingBlock
+
+// Device memory of launch_sampling_weigh for S rows of V logits, nb = ceil(V / kSamplingBlockIds):
+// work [S, V] f32 (the penalised canonical logits, then the weights), best [S], row_max [S],
+// masses [S, nb] f64, passing [S, nb] (weights ≥ threshold per block), candidate_ids /
+// candidate_weights [S, cap], argmax_scratch (argmax_scratch_bytes).
+struct SamplingBuffers {
+  float* work;
+  int32_t* best;
+  float* row_max;
+  double* masses;
+  int32_t* passing;
+  int cap;
+  int32_t* candidate_ids;
+  float* candidate_weights;
+  void* argmax_scratch;
+};
+void launch_sampling_weigh(const float* logits, int64_t S, int64_t V, const DeviceSampleRow* rows,
+                           const int32_t* penalty_ids, const int32_t* penalty_counts, const SamplingBuffers& buf,
+                           cudaStream_t stream);
+
 // scratch: argmax_scratch_bytes(S, V) bytes of device memory. S ≤ 65535.
 size_t argmax_scratch_bytes(int64_t S, int64_t V);
 void launch_argmax_rows(const float* logits, int64_t S, int64_t V, int32_t* out, void* scratch, cudaStream_t stream);

@@ -1,5 +1,9 @@
-// Greedy picks on the device: sampling.h's argmax (NaN never wins, −0 equals +0, the lowest id of
-// the largest logit), so a greedy step copies one id per row to the host instead of the logits.
+// Sampling on the device, by sampling.h's definition. Greedy rows: the argmax (NaN never wins, −0
+// equals +0, the lowest id of the largest logit), one id per row back to the host. Other rows: the
+// penalties, the argmax, the weights and the per-block masses are computed here with the host's
+// arithmetic bit for bit (IEEE operations written out, no contraction), and the candidates above the
+// first threshold are compacted in id order, so the host's pick_weighted finishes from a few KB
+// instead of the logits.
 #include <algorithm>
 #include <climits>
 
@@ -9,6 +13,8 @@ namespace qinfer::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kSampleBlock = static_cast<int>(kSamplingBlockIds);
+constexpr int kWeighThreads = 256;
 
 // The integer with the order of the canonical float (NaN → −inf, −0 → +0): sampling.cpp's order_key.
 __device__ __forceinline__ int32_t order_key(float f) {
@@ -16,6 +22,11 @@ __device__ __forceinline__ int32_t order_key(float f) {
   b = (b & 0x7FFFFFFFu) > 0x7F800000u ? 0xFF800000u : b == 0x80000000u ? 0u : b;
   const auto key = static_cast<int32_t>(b);
   return key ^ ((key >> 31) & 0x7FFFFFFF);
+}
+
+__device__ __forceinline__ float canonical(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return __uint_as_float((b & 0x7FFFFFFFu) > 0x7F800000u ? 0xFF800000u : b == 0x80000000u ? 0u : b);
 }
 
 struct Best {
@@ -69,6 +80,122 @@ __global__ void __launch_bounds__(kWarp) argmax_merge_kernel(const Best* __restr
   }
 }
 
+// sampling.cpp's softmax_weight, operation for operation.
+__device__ __forceinline__ float sampling_weight(float logit, float max_logit, float temperature) {
+  const float x = __fdiv_rn(__fsub_rn(logit, max_logit), temperature);
+  const uint32_t limit = __float_as_uint(-87.33654f), bits = __float_as_uint(x);
+  const uint32_t keep = 0u - static_cast<uint32_t>(bits <= limit);
+  const float xc = __uint_as_float(min(bits, limit));
+  const float shifter = 12582912.0f;
+  const float t = __fadd_rn(__fmul_rn(xc, 1.44269504088896341f), shifter);
+  const float n = __fsub_rn(t, shifter);
+  float r = __fsub_rn(xc, __fmul_rn(n, 0.693359375f));
+  r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));
+  float poly = 1.9875691500e-4f;
+  poly = __fadd_rn(__fmul_rn(poly, r), 1.3981999507e-3f);
+  poly = __fadd_rn(__fmul_rn(poly, r), 8.3334519073e-3f);
+  poly = __fadd_rn(__fmul_rn(poly, r), 4.1665795894e-2f);
+  poly = __fadd_rn(__fmul_rn(poly, r), 1.6666665459e-1f);
+  poly = __fadd_rn(__fmul_rn(poly, r), 5.0000001201e-1f);
+  poly = __fadd_rn(__fmul_rn(poly, __fmul_rn(r, r)), __fadd_rn(r, 1.0f));
+  const uint32_t scale = (__float_as_uint(t) - __float_as_uint(shifter) + 127u) << 23;
+  return __uint_as_float(__float_as_uint(__fmul_rn(poly, __uint_as_float(scale))) & keep);
+}
+
+// work = canonical(logits): grid (parts, rows).
+__global__ void sampling_prepare_kernel(const float* __restrict__ logits, int64_t V, int64_t part_len,
+                                        float* __restrict__ work) {
+  const int64_t s = blockIdx.y, begin = blockIdx.x * part_len, end = min(V, begin + part_len);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) work[s * V + i] = canonical(logits[s * V + i]);
+}
+
+// Row s's penalties over its distinct history ids (sampling.cpp's apply_penalties): one block a row.
+__global__ void sampling_penalize_kernel(const float* __restrict__ logits, int64_t V, const DeviceSampleRow* rows,
+                                         const int32_t* __restrict__ ids, const int32_t* __restrict__ counts,
+                                         float* __restrict__ work) {
+  const int64_t s = blockIdx.x;
+  const DeviceSampleRow row = rows[s];
+  for (int32_t k = row.penalties_begin + threadIdx.x; k < row.penalties_end; k += blockDim.x) {
+    float l = logits[s * V + ids[k]];
+    if (row.repetition != 1.0f) l = l > 0.0f ? __fdiv_rn(l, row.repetition) : __fmul_rn(l, row.repetition);
+    l = __fsub_rn(l, __fadd_rn(row.presence, __fmul_rn(row.frequency, static_cast<float>(counts[k]))));
+    work[s * V + ids[k]] = canonical(l);
+  }
+}
+
+// Block (b, s) turns ids [b·kSamplingBlock, ...) of a weighed row into weights (in place), their
+// mass in sampling_block_sum's order, and how many reach the row's threshold; block 0 also records
+// the row's largest logit (the host returns the argmax where it is infinite).
+__global__ void __launch_bounds__(kWeighThreads)
+    sampling_weigh_kernel(float* __restrict__ work, int64_t V, const DeviceSampleRow* rows,
+                          const int32_t* __restrict__ best, float* __restrict__ row_max, double* __restrict__ masses,
+                          int32_t* __restrict__ passing) {
+  __shared__ float w[kSampleBlock];
+  __shared__ double chains[4];
+  __shared__ int passed;
+  const int64_t s = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+  const DeviceSampleRow row = rows[s];
+  float* r = work + s * V;
+  const float max_logit = r[best[s]];
+  if (b == 0 && threadIdx.x == 0) row_max[s] = max_logit;
+  if (row.temperature <= 0.0f || isinf(max_logit)) return;
+  if (threadIdx.x == 0) passed = 0;
+  __syncthreads();
+  const int64_t begin = b * kSampleBlock;
+  const int n = static_cast<int>(min(static_cast<int64_t>(kSampleBlock), V - begin));
+  int mine = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = sampling_weight(r[begin + i], max_logit, row.temperature);
+    r[begin + i] = v, w[i] = v;
+    mine += v >= row.threshold;
+  }
+  atomicAdd(&passed, mine);
+  __syncthreads();
+  if (threadIdx.x < 4) {  // chain j: i + j for i = 0, 4, ...; the n % 4 tail goes to chain 0
+    const int j = threadIdx.x;
+    double sum = 0.0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) sum = __dadd_rn(sum, static_cast<double>(w[i + j]));
+    if (j == 0)
+      for (; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(w[i]));
+    chains[j] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    masses[s * nb + b] = __dadd_rn(__dadd_rn(chains[0], chains[1]), __dadd_rn(chains[2], chains[3]));
+    passing[s * nb + b] = passed;
+  }
+}
+
+// The ids of weights ≥ the row's threshold in ascending order (with the weights), the first `cap`
+// of them: block (b, s) writes block b's after the earlier blocks' counts. Rows without filters skip.
+__global__ void __launch_bounds__(kSampleBlock)
+    sampling_compact_kernel(const float* __restrict__ work, int64_t V, const DeviceSampleRow* rows,
+                            const float* __restrict__ row_max, const int32_t* __restrict__ passing, int cap,
+                            int32_t* __restrict__ ids, float* __restrict__ weights) {
+  __shared__ int warp_counts[kSampleBlock / kWarp];
+  __shared__ int offset;
+  const int64_t s = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+  const DeviceSampleRow row = rows[s];
+  if (!row.candidates || row.temperature <= 0.0f || isinf(row_max[s])) return;
+  if (threadIdx.x == 0) {
+    int o = 0;
+    for (int64_t t = 0; t < b; ++t) o += passing[s * nb + t];
+    offset = o;
+  }
+  const int64_t id = b * kSampleBlock + threadIdx.x;
+  const float v = id < V ? work[s * V + id] : 0.0f;
+  const bool keep = id < V && v >= row.threshold;
+  const unsigned ballot = __ballot_sync(0xFFFFFFFFu, keep);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  if (!keep) return;
+  int pos = offset + __popc(ballot & ((1u << lane) - 1u));
+  for (int k = 0; k < warp; ++k) pos += warp_counts[k];
+  if (pos < cap) ids[s * cap + pos] = static_cast<int32_t>(id), weights[s * cap + pos] = v;
+}
+
 // Parts of a row: about 8 loads a thread, at most kMaxParts.
 constexpr int kMaxParts = 64;
 constexpr int64_t kMaxGridY = 65535;
@@ -96,6 +223,29 @@ void launch_argmax_rows(const float* logits, int64_t S, int64_t V, int32_t* out,
   }
   argmax_merge_kernel<<<static_cast<unsigned>(std::min(S, kMaxGridY)), kWarp, 0, stream>>>(parts, S, P, out);
   QINFER_CUDA_CHECK_LAUNCH("argmax_merge_kernel<<<>>>");
+}
+
+void launch_sampling_weigh(const float* logits, int64_t S, int64_t V, const DeviceSampleRow* rows,
+                           const int32_t* penalty_ids, const int32_t* penalty_counts, const SamplingBuffers& buf,
+                           cudaStream_t stream) {
+  if (S == 0) return;
+  if (V <= 0 || V > INT_MAX) throw_error("cuda sampling: the vocabulary must have 1 .. 2^31 - 1 entries");
+  if (S > kMaxGridY) throw_error("cuda sampling: at most 65535 rows per call");
+  const int P = argmax_parts(V);
+  const int64_t part_len = (V + P - 1) / P;
+  const auto rows_y = static_cast<unsigned>(S);
+  sampling_prepare_kernel<<<dim3(static_cast<unsigned>(P), rows_y), kThreads, 0, stream>>>(logits, V, part_len, buf.work);
+  QINFER_CUDA_CHECK_LAUNCH("sampling_prepare_kernel<<<>>>");
+  sampling_penalize_kernel<<<rows_y, 256, 0, stream>>>(logits, V, rows, penalty_ids, penalty_counts, buf.work);
+  QINFER_CUDA_CHECK_LAUNCH("sampling_penalize_kernel<<<>>>");
+  launch_argmax_rows(buf.work, S, V, buf.best, buf.argmax_scratch, stream);
+  const auto blocks = static_cast<unsigned>((V + kSampleBlock - 1) / kSampleBlock);
+  sampling_weigh_kernel<<<dim3(blocks, rows_y), kWeighThreads, 0, stream>>>(buf.work, V, rows, buf.best, buf.row_max,
+                                                                           buf.masses, buf.passing);
+  QINFER_CUDA_CHECK_LAUNCH("sampling_weigh_kernel<<<>>>");
+  sampling_compact_kernel<<<dim3(blocks, rows_y), kSampleBlock, 0, stream>>>(
+      buf.work, V, rows, buf.row_max, buf.passing, buf.cap, buf.candidate_ids, buf.candidate_weights);
+  QINFER_CUDA_CHECK_LAUNCH("sampling_compact_kernel<<<>>>");
 }
 
 }  // namespace qinfer::cuda
