@@ -99,25 +99,51 @@ float softmax_weight(float logit, float max_logit, float temperature) {
 
 // The candidates every filter looks at, best first (weight descending, lower id first): all tokens
 // whose weight reaches a threshold, lowered until the set holds the top `count` and a prefix of
-// mass `mass` (weights are ≤ 1, the best being exp(0)). Sorting only these keeps a 250k vocabulary
-// from costing a full sort per token.
-std::vector<std::pair<int32_t, float>> leading_candidates(RowWeights& weights, size_t count, double mass, float threshold) {
-  std::vector<int32_t> ids;
-  std::vector<float> w;
-  for (;;) {
-    weights.at_least(threshold, ids, w);
-    double sum = 0.0;
-    for (float v : w) sum += v;
-    if (threshold == 0.0f || (ids.size() >= count && sum >= mass)) break;
-    threshold = threshold > 1e-30f ? threshold / 64.0f : 0.0f;
+// mass `mass` (weights are ≤ 1, the best being exp(0)). They are put in order only as far as the
+// filters read (a top-k of 20 out of a flat 152k-token row sorts 20, not 152k): the order is a
+// strict total one, so what is read is what a full sort would give.
+class LeadingCandidates {
+ public:
+  LeadingCandidates(RowWeights& weights, size_t count, double mass, float threshold) {
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    for (;;) {
+      weights.at_least(threshold, ids, w);
+      double sum = 0.0;
+      for (float v : w) sum += v;
+      if (threshold == 0.0f || (ids.size() >= count && sum >= mass)) break;
+      threshold = threshold > 1e-30f ? threshold / 64.0f : 0.0f;
+    }
+    c_.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) c_[i] = {ids[i], w[i]};
   }
-  std::vector<std::pair<int32_t, float>> order(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) order[i] = {ids[i], w[i]};
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+  size_t size() const { return c_.size(); }
+  float weight(size_t i) { return at(i).second; }
+  // The first n, in order.
+  std::vector<std::pair<int32_t, float>> first(size_t n) {
+    if (n > 0) at(n - 1);
+    return {c_.begin(), c_.begin() + static_cast<std::ptrdiff_t>(n)};
+  }
+
+ private:
+  static bool before(const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
     return a.second > b.second || (a.second == b.second && a.first < b.first);
-  });
-  return order;
-}
+  }
+  const std::pair<int32_t, float>& at(size_t i) {
+    if (i >= sorted_) {
+      // The next best up to past i, a growing stretch at a time: linear selection, then a sort of it.
+      const size_t end = std::min(c_.size(), std::max(i + 1, 4 * sorted_ + 64));
+      const auto first = c_.begin() + static_cast<std::ptrdiff_t>(sorted_);
+      const auto last = c_.begin() + static_cast<std::ptrdiff_t>(end);
+      if (end < c_.size()) std::nth_element(first, last, c_.end(), before);
+      std::sort(first, last, before);
+      sorted_ = end;
+    }
+    return c_[i];
+  }
+  std::vector<std::pair<int32_t, float>> c_;
+  size_t sorted_ = 0;  // c_[0, sorted_) is in final order
+};
 
 // RowWeights over a row's weights in host memory.
 class HostWeights final : public RowWeights {
@@ -178,28 +204,30 @@ int32_t pick_weighted(const SamplingParams& p, uint64_t step, int32_t best, int6
     // Without top_k the top_p prefix is measured against the whole vocabulary's mass; with it,
     // against the top k's, which the candidates hold anyway.
     const double p_mass = p.top_p < 1.0f && !top_k ? static_cast<double>(p.top_p) * total : 0.0;
-    const std::vector<std::pair<int32_t, float>> order =
-        leading_candidates(weights, top_k ? n : 1, p_mass, sampling_threshold(p));
+    LeadingCandidates order(weights, top_k ? n : 1, p_mass, sampling_threshold(p));
     n = std::min(n, order.size());
-    double n_mass = 0.0;
-    for (size_t i = 0; i < n; ++i) n_mass += order[i].second;
     if (p.top_p < 1.0f) {
-      const double target = static_cast<double>(p.top_p) * (top_k ? n_mass : total);
+      double target = static_cast<double>(p.top_p) * total;
+      if (top_k) {
+        double n_mass = 0.0;
+        for (size_t i = 0; i < n; ++i) n_mass += order.weight(i);
+        target = static_cast<double>(p.top_p) * n_mass;
+      }
       double cum = 0.0;
       size_t i = 0;
       while (i < n) {
-        cum += order[i++].second;
+        cum += order.weight(i++);
         if (cum >= target) break;
       }
       n = i;
     }
     if (p.min_p > 0.0f) {
-      const float cut = p.min_p * order[0].second;
+      const float cut = p.min_p * order.weight(0);
       size_t i = 1;
-      while (i < n && order[i].second >= cut) ++i;
+      while (i < n && order.weight(i) >= cut) ++i;
       n = i;
     }
-    kept.assign(order.begin(), order.begin() + n);
+    kept = order.first(n);
     std::sort(kept.begin(), kept.end());
     mass = 0.0;
     for (const auto& [id, w] : kept) mass += w;
