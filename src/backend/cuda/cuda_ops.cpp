@@ -1004,6 +1004,7 @@ class CudaOps final : public Ops {
       // The pinned inputs of the previous replay are read by its graph: wait until it has run.
       QINFER_CUDA_CHECK(cudaEventSynchronize(replay_done_));
       start_step(Mode::replaying);
+      if (rec->staged.empty()) launch_recording();
       return;
     }
     if (rec->runs++ == 0) return;  // the first step of a key runs as is
@@ -1055,10 +1056,19 @@ class CudaOps final : public Ops {
       QINFER_CHECK(stage_index_ == rec.staged.size(),
                    "cuda: step '{}' staged {} inputs, its recording {}: the step does not repeat", step_key_,
                    stage_index_, rec.staged.size());
+      if (replay_launched_) return rec.output;
     }
-    QINFER_CUDA_CHECK(cudaGraphLaunch(rec.exec, stream()));
-    QINFER_CUDA_CHECK(cudaEventRecord(replay_done_, stream()));
+    launch_recording();
     return rec.output;
+  }
+
+  // A replayed step's graph starts as soon as its last input is staged (stage()), not when the walk
+  // through the model ends: the rest of the walk, which launches nothing, overlaps the GPU's work.
+  // (The rest cannot stage or fail differently from the recording: same key, same shapes.)
+  void launch_recording() {
+    QINFER_CUDA_CHECK(cudaGraphLaunch(recording_->exec, stream()));
+    QINFER_CUDA_CHECK(cudaEventRecord(replay_done_, stream()));
+    replay_launched_ = true;
   }
 
   void abort_step() override {
@@ -1282,6 +1292,7 @@ class CudaOps final : public Ops {
     ++step_serial_;
     stage_index_ = 0;
     stage_offset_ = 0;
+    replay_launched_ = false;
     placeholder_ = 0x100000;
   }
 
@@ -1304,6 +1315,7 @@ class CudaOps final : public Ops {
                    "cuda: step '{}' stages its inputs differently from its recording", step_key_);
     }
     ++stage_index_;
+    if (mode_ == Mode::replaying && stage_index_ == recording_->staged.size()) launch_recording();
     return dst;
   }
 
@@ -1562,6 +1574,7 @@ class CudaOps final : public Ops {
   Recording* recording_ = nullptr;
   uint64_t step_serial_ = 0;
   size_t stage_index_ = 0, stage_offset_ = 0;
+  bool replay_launched_ = false;  // this replayed step's graph is launched (its inputs are all staged)
   uintptr_t placeholder_ = 0;
   static constexpr uint64_t kUploadChunk = uint64_t{64} << 20;
   char* upload_buffers_[2] = {nullptr, nullptr};  // pinned
