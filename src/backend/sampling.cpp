@@ -19,20 +19,11 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 void apply_penalties(const SamplingParams& p, const std::vector<int32_t>& history, std::vector<float>& logits) {
-  if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
-  const int64_t vocab = static_cast<int64_t>(logits.size());
-  std::vector<int32_t> ids;
-  ids.reserve(history.size());
-  for (int32_t id : history)
-    if (id >= 0 && id < vocab) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  for (size_t i = 0; i < ids.size();) {
-    size_t j = i;
-    while (j < ids.size() && ids[j] == ids[i]) ++j;
-    float& l = logits[ids[i]];
+  if (!has_penalties(p)) return;
+  for (const auto& [id, count] : history_counts(history, static_cast<int64_t>(logits.size()))) {
+    float& l = logits[id];
     if (p.repetition_penalty != 1.0f) l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
-    l -= p.presence_penalty + p.frequency_penalty * static_cast<float>(j - i);
-    i = j;
+    l -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
   }
 }
 
@@ -181,6 +172,26 @@ int32_t sample_row(std::vector<float>& logits, const SamplingParams& p, uint64_t
 }
 
 }  // namespace
+
+bool has_penalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+std::vector<std::pair<int32_t, int32_t>> history_counts(const std::vector<int32_t>& history, int64_t vocab_size) {
+  std::vector<int32_t> ids;
+  ids.reserve(history.size());
+  for (int32_t id : history)
+    if (id >= 0 && id < vocab_size) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::pair<int32_t, int32_t>> counts;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j < ids.size() && ids[j] == ids[i]) ++j;
+    counts.emplace_back(ids[i], static_cast<int32_t>(j - i));
+    i = j;
+  }
+  return counts;
+}
 
 float sampling_weight(float logit, float max_logit, float temperature) {
   return softmax_weight(logit, max_logit, temperature);

@@ -3,6 +3,7 @@
 // backend so that a seeded request gives the same tokens on CPU and GPU.
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace qinfer {
@@ -44,6 +45,10 @@ double sampling_uniform(uint64_t seed, uint64_t step);
 
 // The pieces of sample_rows a device backend reproduces (its kernels compute the same bits; these
 // are the definitions):
+// whether step 1 changes anything, and the distinct ids of a history inside [0, vocab_size),
+// ascending, with their occurrence counts (what step 1 applies);
+bool has_penalties(const SamplingParams& p);
+std::vector<std::pair<int32_t, int32_t>> history_counts(const std::vector<int32_t>& history, int64_t vocab_size);
 // step 3's weight of one logit (after penalties and canonicalisation; max_logit the row's largest);
 float sampling_weight(float logit, float max_logit, float temperature);
 // the mass of a block of n ≤ kSamplingBlock weights: four interleaved double sums over i, i+1, i+2,

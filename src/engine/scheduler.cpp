@@ -15,10 +15,6 @@ namespace {
 
 int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
 
-bool has_penalties(const SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-}
-
 // log-softmax of one raw logits row at `token`, and the `top` most likely ids (lower id first on ties).
 TokenLogprob logprob_of(const float* row, int64_t vocab, int32_t token, int32_t top) {
   float max = -std::numeric_limits<float>::infinity();

@@ -1106,10 +1106,8 @@ class CudaOps final : public Ops {
                  "sample: {} logit rows but {} params, {} histories and {} steps", rows, params.size(),
                  history.size(), step.size());
     enter();
-    const bool greedy = std::all_of(params.begin(), params.end(), [](const SamplingParams& p) {
-      return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-             p.frequency_penalty == 0.0f;
-    });
+    const bool greedy = std::all_of(params.begin(), params.end(),
+                                    [](const SamplingParams& p) { return p.temperature <= 0.0f && !has_penalties(p); });
     if (greedy) {
       out.resize(rows);
       Scratch ids(static_cast<size_t>(rows) * sizeof(int32_t), stream());
@@ -1186,17 +1184,10 @@ class CudaOps final : public Ops {
       r.candidates = p.temperature > 0.0f && ((p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f || p.min_p > 0.0f);
       any_candidates = any_candidates || r.candidates;
       r.penalties_begin = r.penalties_end = static_cast<int32_t>(penalty_ids.size());
-      if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) continue;
-      std::vector<int32_t> ids;
-      for (int32_t id : history[s])
-        if (id >= 0 && id < vocab) ids.push_back(id);
-      std::sort(ids.begin(), ids.end());
-      for (size_t i = 0; i < ids.size();) {
-        size_t j = i;
-        while (j < ids.size() && ids[j] == ids[i]) ++j;
-        penalty_ids.push_back(ids[i]);
-        penalty_counts.push_back(static_cast<int32_t>(j - i));
-        i = j;
+      if (!has_penalties(p)) continue;
+      for (const auto& [id, count] : history_counts(history[s], vocab)) {
+        penalty_ids.push_back(id);
+        penalty_counts.push_back(count);
       }
       r.penalties_end = static_cast<int32_t>(penalty_ids.size());
     }
