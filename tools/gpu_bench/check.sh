@@ -4,7 +4,7 @@
 # benchmarks, in one call (device time is scarce), a few lines per result on stdout.
 #
 #   tools/gpu_bench/check.sh [--no-tests] [--perf OP_SUBSTRING] [--bench SHAPE[:4bit],...] [--tp N]
-#                            [--compare NAME] [--sampled]
+#                            [--compare NAME] [--sampled] [--kernel-times]
 #
 #   --no-tests   skip cuda_tests, op_harness (cuda, cuda-fast) and memcheck
 #   --perf S     op_harness --perf over the ops whose case names contain S (fast precision)
@@ -15,6 +15,8 @@
 #                and of this qinfer in turn, three rounds each: an A/B in one call, on one machine
 #   --sampled    per benched shape, decode at batch 1 and 8 also sampled (temperature 0.7, top-k 20,
 #                top-p 0.8: Qwen's chat settings), and at temperature 1 with no filter
+#   --kernel-times  per benched shape, each kernel of a batch-1 decode step timed alone by Nsight
+#                Compute (graphs off), grouped by tools/gpu_bench/kernel_times.py
 #
 # Everything each step printed goes to $OUT/check.log (one file: a call returns only a few).
 set -uo pipefail
@@ -22,7 +24,7 @@ build=${QINFER_GPU_BUILD:-build-gpu}
 export LD_LIBRARY_PATH="$PWD/$build:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export TMPDIR=${TMPDIR:-/dev/shm} QINFER_TEST_DATA="$PWD/tests/fixtures" PATH="$PATH:/usr/local/cuda/bin"
 log="${OUT:-.}/check.log"
-tests=1 perf="" bench="" tp="" compare="" sampled=0
+tests=1 perf="" bench="" tp="" compare="" sampled=0 kernel_times=0
 while (($#)); do
   case $1 in
     --no-tests) tests=0 ;;
@@ -31,6 +33,7 @@ while (($#)); do
     --tp) tp=$2; shift ;;
     --compare) compare=$2; shift ;;
     --sampled) sampled=1 ;;
+    --kernel-times) kernel_times=1 ;;
     *) echo "check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -85,6 +88,12 @@ for item in "${shapes[@]}"; do
         --gen 64 --context 512 $how
       grep -E 'decode batch' "$step_out"
     done
+  fi
+  if ((kernel_times)); then
+    run "kernel times $item" 300 env QINFER_CUDA_GRAPHS=0 ncu --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv "$build/qinfer" bench --model "$dir" --device cuda --batch 1 \
+      --prompt 16 --gen 3 --context 512
+    python3 tools/gpu_bench/kernel_times.py "$step_out" | head -24
   fi
   if [[ -n $compare ]]; then
     for round in 1 2 3; do
