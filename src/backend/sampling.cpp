@@ -53,41 +53,6 @@ int32_t argmax(const std::vector<float>& logits) {
   return i;
 }
 
-// Σ w[begin, end) in double over four interleaved partial sums (independent add chains).
-double block_sum(const float* w, size_t begin, size_t end) {
-  double s[4] = {0.0, 0.0, 0.0, 0.0};
-  size_t i = begin;
-  for (; i + 4 <= end; i += 4)
-    for (int j = 0; j < 4; ++j) s[j] += w[i + j];
-  for (; i < end; ++i) s[0] += w[i];
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
-// exp((logit − max) / temperature) from integer and +/× operations alone (Cody–Waite reduction,
-// degree-6 polynomial, ~1 ulp), exactly 0 below e^-87.3 (−inf logits included): the same bits on
-// every compiler and device, and branch-free so the loop over the vocabulary vectorises (a libm
-// call per token would dominate a CPU decode step).
-float softmax_weight(float logit, float max_logit, float temperature) {
-  const float x = (logit - max_logit) / temperature;  // ≤ 0
-  const uint32_t limit = std::bit_cast<uint32_t>(-87.33654f), bits = std::bit_cast<uint32_t>(x);
-  const uint32_t keep = 0u - static_cast<uint32_t>(bits <= limit);  // as unsigned, +0 and x ≥ −87.3 sort below
-  const float xc = std::bit_cast<float>(std::min(bits, limit));
-  const float shifter = 12582912.0f;  // 1.5·2^23: the sum rounds n to an integer in its low mantissa bits
-  const float t = xc * 1.44269504088896341f + shifter;
-  const float n = t - shifter;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float poly = 1.9875691500e-4f;
-  poly = poly * r + 1.3981999507e-3f;
-  poly = poly * r + 8.3334519073e-3f;
-  poly = poly * r + 4.1665795894e-2f;
-  poly = poly * r + 1.6666665459e-1f;
-  poly = poly * r + 5.0000001201e-1f;
-  poly = poly * (r * r) + (r + 1.0f);
-  const uint32_t scale = (std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(shifter) + 127u) << 23;
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(poly * std::bit_cast<float>(scale)) & keep);
-}
-
 // The candidates every filter looks at, best first (weight descending, lower id first): all tokens
 // whose weight reaches a threshold, lowered until the set holds the top `count` and a prefix of
 // mass `mass` (weights are ≤ 1, the best being exp(0)). They are put in order only as far as the
@@ -136,23 +101,6 @@ class LeadingCandidates {
   size_t sorted_ = 0;  // c_[0, sorted_) is in final order
 };
 
-// RowWeights over a row's weights in host memory.
-class HostWeights final : public RowWeights {
- public:
-  explicit HostWeights(const std::vector<float>& w) : w_(w) {}
-  void at_least(float threshold, std::vector<int32_t>& ids, std::vector<float>& weights) override {
-    ids.clear(), weights.clear();
-    for (size_t i = 0; i < w_.size(); ++i)
-      if (w_[i] >= threshold) ids.push_back(static_cast<int32_t>(i)), weights.push_back(w_[i]);
-  }
-  void range(int64_t begin, int64_t end, std::vector<float>& weights) override {
-    weights.assign(w_.begin() + begin, w_.begin() + end);
-  }
-
- private:
-  const std::vector<float>& w_;
-};
-
 int32_t sample_row(std::vector<float>& logits, const SamplingParams& p, uint64_t step) {
   if (p.temperature <= 0.0f) return argmax(logits);
   const int32_t best = argmax(logits);
@@ -167,7 +115,7 @@ int32_t sample_row(std::vector<float>& logits, const SamplingParams& p, uint64_t
   std::vector<double> blocks((vocab + kSamplingBlock - 1) / kSamplingBlock);
   for (size_t b = 0; b < blocks.size(); ++b)
     blocks[b] = sampling_block_sum(w + b * kSamplingBlock, std::min<size_t>(kSamplingBlock, vocab - b * kSamplingBlock));
-  HostWeights source(weight);
+  VectorWeights source(weight);
   return pick_weighted(p, step, best, static_cast<int64_t>(vocab), blocks, source);
 }
 
@@ -193,11 +141,50 @@ std::vector<std::pair<int32_t, int32_t>> history_counts(const std::vector<int32_
   return counts;
 }
 
-float sampling_weight(float logit, float max_logit, float temperature) {
-  return softmax_weight(logit, max_logit, temperature);
+// Σ w[0, n) in double over four interleaved partial sums (independent add chains).
+double sampling_block_sum(const float* w, size_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) s[j] += w[i + j];
+  for (; i < n; ++i) s[0] += w[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-double sampling_block_sum(const float* w, size_t n) { return block_sum(w, 0, n); }
+// exp((logit − max) / temperature) from integer and +/× operations alone (Cody–Waite reduction,
+// degree-6 polynomial, ~1 ulp), exactly 0 below e^-87.3 (−inf logits included): the same bits on
+// every compiler and device, and branch-free so the loop over the vocabulary vectorises (a libm
+// call per token would dominate a CPU decode step).
+float sampling_weight(float logit, float max_logit, float temperature) {
+  const float x = (logit - max_logit) / temperature;  // ≤ 0
+  const uint32_t limit = std::bit_cast<uint32_t>(-87.33654f), bits = std::bit_cast<uint32_t>(x);
+  const uint32_t keep = 0u - static_cast<uint32_t>(bits <= limit);  // as unsigned, +0 and x ≥ −87.3 sort below
+  const float xc = std::bit_cast<float>(std::min(bits, limit));
+  const float shifter = 12582912.0f;  // 1.5·2^23: the sum rounds n to an integer in its low mantissa bits
+  const float t = xc * 1.44269504088896341f + shifter;
+  const float n = t - shifter;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  poly = poly * (r * r) + (r + 1.0f);
+  const uint32_t scale = (std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(shifter) + 127u) << 23;
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(poly * std::bit_cast<float>(scale)) & keep);
+}
+
+void VectorWeights::at_least(float threshold, std::vector<int32_t>& ids, std::vector<float>& weights) {
+  ids.clear(), weights.clear();
+  for (size_t i = 0; i < w_.size(); ++i)
+    if (w_[i] >= threshold) ids.push_back(static_cast<int32_t>(i)), weights.push_back(w_[i]);
+}
+
+void VectorWeights::range(int64_t begin, int64_t end, std::vector<float>& weights) {
+  weights.assign(w_.begin() + begin, w_.begin() + end);
+}
 
 int32_t pick_weighted(const SamplingParams& p, uint64_t step, int32_t best, int64_t vocab_size,
                       const std::vector<double>& blocks, RowWeights& weights) {

@@ -68,6 +68,17 @@ class RowWeights {
   virtual void range(int64_t begin, int64_t end, std::vector<float>& weights) = 0;
 };
 
+// RowWeights over a whole row of weights in host memory (which it does not own).
+class VectorWeights final : public RowWeights {
+ public:
+  explicit VectorWeights(const std::vector<float>& w) : w_(w) {}
+  void at_least(float threshold, std::vector<int32_t>& ids, std::vector<float>& weights) override;
+  void range(int64_t begin, int64_t end, std::vector<float>& weights) override;
+
+ private:
+  const std::vector<float>& w_;
+};
+
 // Steps 3-4 once the weights exist: `best` is the row's argmax, blocks[b] the mass of ids
 // [b·kSamplingBlock, ...) (sampling_block_sum). Used by sample_rows itself.
 int32_t pick_weighted(const SamplingParams& p, uint64_t step, int32_t best, int64_t vocab_size,

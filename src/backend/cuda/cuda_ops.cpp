@@ -1136,16 +1136,11 @@ class CudaOps final : public Ops {
         return;
       }
       fetch_row();
-      ids.clear(), weights.clear();
-      for (int64_t i = 0; i < vocab_; ++i)
-        if (full_[i] >= threshold) ids.push_back(static_cast<int32_t>(i)), weights.push_back(full_[i]);
+      VectorWeights(full_).at_least(threshold, ids, weights);
     }
     void range(int64_t begin, int64_t end, std::vector<float>& weights) override {
+      if (!full_.empty()) return VectorWeights(full_).range(begin, end, weights);
       weights.resize(static_cast<size_t>(end - begin));
-      if (!full_.empty()) {
-        std::copy(full_.begin() + begin, full_.begin() + end, weights.begin());
-        return;
-      }
       ops_.read_back(weights.data(), row_ + begin, weights.size() * sizeof(float));
     }
 
