@@ -232,7 +232,6 @@ void launch_delta_rule_chunked(const float* q, const float* k, const float* v, c
                                float* out, cudaStream_t stream);
 
 // --- sample.cu ---------------------------------------------------------------------------------
-// out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).
 // One row of a sampling call as the device reads it (sampling.h's parameters; penalties over the
 // distinct history ids [penalties_begin, penalties_end) of the call's id/count arrays).
 struct DeviceSampleRow {
@@ -263,7 +262,8 @@ void launch_sampling_weigh(const float* logits, int64_t S, int64_t V, const Devi
                            const int32_t* penalty_ids, const int32_t* penalty_counts, const SamplingBuffers& buf,
                            cudaStream_t stream);
 
-// scratch: argmax_scratch_bytes(S, V) bytes of device memory. S ≤ 65535.
+// out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).
+// scratch: argmax_scratch_bytes(S, V) bytes of device memory.
 size_t argmax_scratch_bytes(int64_t S, int64_t V);
 void launch_argmax_rows(const float* logits, int64_t S, int64_t V, int32_t* out, void* scratch, cudaStream_t stream);
 

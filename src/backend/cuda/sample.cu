@@ -16,17 +16,16 @@ constexpr int kThreads = 1024;
 constexpr int kSampleBlock = static_cast<int>(kSamplingBlockIds);
 constexpr int kWeighThreads = 256;
 
-// The integer with the order of the canonical float (NaN → −inf, −0 → +0): sampling.cpp's order_key.
-__device__ __forceinline__ int32_t order_key(float f) {
-  uint32_t b = __float_as_uint(f);
-  b = (b & 0x7FFFFFFFu) > 0x7F800000u ? 0xFF800000u : b == 0x80000000u ? 0u : b;
-  const auto key = static_cast<int32_t>(b);
-  return key ^ ((key >> 31) & 0x7FFFFFFF);
-}
-
+// sampling.cpp's canonicalize: NaN → −inf, −0 → +0.
 __device__ __forceinline__ float canonical(float f) {
   const uint32_t b = __float_as_uint(f);
   return __uint_as_float((b & 0x7FFFFFFFu) > 0x7F800000u ? 0xFF800000u : b == 0x80000000u ? 0u : b);
+}
+
+// The integer with the order of the canonical float: sampling.cpp's order_key.
+__device__ __forceinline__ int32_t order_key(float f) {
+  const int32_t key = __float_as_int(canonical(f));
+  return key ^ ((key >> 31) & 0x7FFFFFFF);
 }
 
 struct Best {
@@ -37,20 +36,22 @@ __device__ __forceinline__ Best better(Best a, Best b) {
   return b.key > a.key || (b.key == a.key && b.id < a.id) ? b : a;
 }
 
-// The best of a block's threads (every thread gets it back from warp 0 through shared memory).
-__device__ Best block_best(Best best, Best* scratch) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2)
-    best = better(best, Best{__shfl_xor_sync(0xFFFFFFFFu, best.key, offset), __shfl_xor_sync(0xFFFFFFFFu, best.id, offset)});
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = best;
-  __syncthreads();
-  best = lane < static_cast<int>(blockDim.x) / kWarp ? scratch[lane] : Best{INT_MIN, INT_MAX};
+// The best of a warp's lanes, in every lane.
+__device__ __forceinline__ Best warp_best(Best best) {
 #pragma unroll
   for (int offset = kWarp / 2; offset > 0; offset /= 2)
     best = better(best, Best{__shfl_xor_sync(0xFFFFFFFFu, best.key, offset), __shfl_xor_sync(0xFFFFFFFFu, best.id, offset)});
   return best;
+}
+
+// The best of a block's threads, in every thread (the warps' bests meet in shared memory).
+__device__ Best block_best(Best best, Best* scratch) {
+  best = warp_best(best);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = best;
+  __syncthreads();
+  return warp_best(lane < static_cast<int>(blockDim.x) / kWarp ? scratch[lane] : Best{INT_MIN, INT_MAX});
 }
 
 // Block (p, s) takes part p of row s's vocabulary: one block per row would read a 152k-entry row at
@@ -73,14 +74,12 @@ __global__ void __launch_bounds__(kWarp) argmax_merge_kernel(const Best* __restr
   for (int64_t s = blockIdx.x; s < S; s += gridDim.x) {
     Best best{INT_MIN, INT_MAX};
     for (int p = threadIdx.x; p < P; p += kWarp) best = better(best, parts[s * P + p]);
-#pragma unroll
-    for (int offset = kWarp / 2; offset > 0; offset /= 2)
-      best = better(best, Best{__shfl_xor_sync(0xFFFFFFFFu, best.key, offset), __shfl_xor_sync(0xFFFFFFFFu, best.id, offset)});
+    best = warp_best(best);
     if (threadIdx.x == 0) out[s] = best.id;
   }
 }
 
-// sampling.cpp's softmax_weight, operation for operation.
+// sampling.h's sampling_weight, operation for operation.
 __device__ __forceinline__ float sampling_weight(float logit, float max_logit, float temperature) {
   const float x = __fdiv_rn(__fsub_rn(logit, max_logit), temperature);
   const uint32_t limit = __float_as_uint(-87.33654f), bits = __float_as_uint(x);
@@ -109,7 +108,7 @@ __global__ void sampling_prepare_kernel(const float* __restrict__ logits, int64_
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) work[s * V + i] = canonical(logits[s * V + i]);
 }
 
-// Row s's penalties over its distinct history ids (sampling.cpp's apply_penalties): one block a row.
+// Row s's penalties over its distinct history ids (sampling.cpp's apply_penalties over history_counts): one block a row.
 __global__ void sampling_penalize_kernel(const float* __restrict__ logits, int64_t V, const DeviceSampleRow* rows,
                                          const int32_t* __restrict__ ids, const int32_t* __restrict__ counts,
                                          float* __restrict__ work) {
