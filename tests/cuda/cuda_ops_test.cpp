@@ -2,6 +2,7 @@
 // transfers, copy_columns, bad device-side indices surfacing at the next synchronization, greedy
 // picks on the device, layouts that change between calls, and the chunked delta rule on long
 // sequences with several state-row tiles.
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +13,9 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "cache/cache.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "quant/quant.h"
 
 namespace qinfer::cuda {
 namespace {
@@ -146,6 +149,86 @@ TEST(CudaOps, BadDeviceIndicesThrowAtTheNextSynchronization) {
   ops->moe_experts(to_device(*ops, random_f32(rng, {T, H})), to_device(*ops, i32({T, 1}, {2, 3})),
                    to_device(*ops, random_f32(rng, {T, 1})), gate, up, down, moe_out);
   EXPECT_THROW(copy(*ops, moe_out, host), Error);
+}
+
+// An MLX affine [out, in] weight (bf16 scales and biases) quantized from normal(0, 0.5) values.
+Weight affine_weight(std::mt19937& rng, int bits, int group, int64_t out, int64_t in) {
+  const quant::Layout layout{quant::Mode::affine, bits, group};
+  Weight w;
+  w.layout = layout;
+  w.codes = host_tensor(DType::u32, {out, quant::packed_words(in, bits)});
+  w.scales = host_tensor(DType::bf16, {out, in / group});
+  w.biases = host_tensor(DType::bf16, {out, in / group});
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  std::vector<float> row(in), scales(in / group), biases(in / group);
+  for (int64_t r = 0; r < out; ++r) {
+    for (float& v : row) v = dist(rng);
+    quant::quantize_row(layout, row.data(), in, w.codes.ptr<uint32_t>() + r * quant::packed_words(in, bits),
+                        scales.data(), biases.data(), nullptr);
+    for (int64_t g = 0; g < in / group; ++g) {
+      w.scales.ptr<uint16_t>()[r * (in / group) + g] = f32_to_bf16(scales[g]);
+      w.biases.ptr<uint16_t>()[r * (in / group) + g] = f32_to_bf16(biases[g]);
+    }
+  }
+  return w;
+}
+
+Weight weight_to_device(Ops& ops, const Weight& w) {
+  Weight d = w;
+  d.codes = to_device(ops, w.codes);
+  d.scales = to_device(ops, w.scales);
+  d.biases = to_device(ops, w.biases);
+  return d;
+}
+
+// The fast precision's one-token affine GEMV reads x as 16-bit integers a chunk: within ~1e-5 of
+// the exact kernel (which the op harness holds to the reference), where the harness's fast floor
+// (1e-2) would let a misplaced digit or a wrong chunk scale pass. Chunks of mixed magnitudes, an
+// all-zero x (y = 0 exactly), a NaN and an infinity (every output non-finite), both widths, every
+// group size, the fused (gate, up) and a q/k/v-style batch.
+TEST(CudaOps, FastAffineGemvIsWithinSixteenBitsOfExact) {
+  auto exact = make_cuda_ops(0, Precision::exact), fast = make_cuda_ops(0, Precision::fast);
+  std::mt19937 rng(11);
+  for (const int bits : {4, 8}) {
+    for (const int group : {32, 64, 128}) {
+      const int64_t in = 4096 + 128, out = 301;
+      const Weight w = affine_weight(rng, bits, group, out, in), up = affine_weight(rng, bits, group, out, in);
+      // x ~ normal(0, 1): each element within ~4e-5 of its chunk's largest, ~2e-5 of y. Mixed: a large
+      // element every 37 (x 300) sets its chunks' step, so the others lose more (~2e-4 of y).
+      const Tensor x = random_f32(rng, {1, in});
+      Tensor mixed = host_tensor(DType::f32, {1, in});
+      std::memcpy(mixed.data, x.data, x.nbytes());
+      for (int64_t i = 0; i < in; i += 37) mixed.ptr<float>()[i] *= 300.0f;
+      for (int64_t i = 5; i < in; i += 11) mixed.ptr<float>()[i] *= 1e-3f;
+      const std::string what = fmt::format("{}-bit g{}", bits, group);
+      auto run = [&](Ops& ops, const Tensor& xh) {
+        const Weight wd = weight_to_device(ops, w), ud = weight_to_device(ops, up);
+        const Tensor xd = to_device(ops, xh);
+        Tensor y = ops.alloc(DType::f32, {1, out}), g = ops.alloc(DType::f32, {1, out});
+        Tensor q = ops.alloc(DType::f32, {1, out}), k = ops.alloc(DType::f32, {1, out});
+        ops.linear(xd, wd, y);
+        ops.linear_swiglu(xd, wd, ud, g);
+        ops.linear_many(xd, {&wd, &ud}, {&q, &k});
+        return std::vector<Tensor>{to_host(y), to_host(g), to_host(q), to_host(k)};
+      };
+      for (const auto& [input, tolerance] : {std::pair{&x, 1e-4}, std::pair{static_cast<const Tensor*>(&mixed), 6e-4}}) {
+        const auto want = run(*exact, *input), got = run(*fast, *input);
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_LT(rel_rms(got[i], want[i]), tolerance) << what << " output " << i << (input == &x ? "" : " mixed");
+      }
+      Tensor zero = host_tensor(DType::f32, {1, in});
+      std::fill_n(zero.ptr<float>(), in, 0.0f);
+      for (const Tensor& y : run(*fast, zero))
+        for (int64_t r = 0; r < out; ++r) ASSERT_EQ(y.ptr<float>()[r], 0.0f) << what;
+      for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
+        Tensor xb = host_tensor(DType::f32, {1, in});
+        std::memcpy(xb.data, x.data, x.nbytes());
+        xb.ptr<float>()[in / 2 + 3] = bad;
+        const auto y = run(*fast, xb);
+        for (int64_t r = 0; r < out; ++r) ASSERT_FALSE(std::isfinite(y[0].ptr<float>()[r])) << what << " row " << r;
+      }
+    }
+  }
 }
 
 // Sampling on the device gives sample_rows' ids for every setting: the greedy rule (NaN never wins,

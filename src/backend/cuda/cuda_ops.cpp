@@ -460,6 +460,7 @@ class CudaOps final : public Ops {
     }
     GemvBatch batch;
     batch.count = static_cast<int>(ws.size());
+    batch.fast = precision_ == Precision::fast;
     for (size_t i = 0; i < ws.size(); ++i) {
       const WeightView w = view("linear_many", "w", *ws[i], 2);
       QINFER_CHECK(w.in == in, "cuda linear_many: w[{}] {} does not take inputs of width {}", i,
@@ -489,7 +490,7 @@ class CudaOps final : public Ops {
         enter();
         if (replaying()) return;
         if (dense) launch_gemv_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), stream());
-        else launch_gemv_affine_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), stream());
+        else launch_gemv_affine_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), precision_ == Precision::fast, stream());
         return;
       }
     }
@@ -512,7 +513,7 @@ class CudaOps final : public Ops {
       QINFER_CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), stream()));
       return;
     }
-    if (T <= kGemvMaxTokens) return launch_gemv(x.ptr<float>(), T, w, y.ptr<float>(), stream());
+    if (T <= kGemvMaxTokens) return launch_gemv(x.ptr<float>(), T, w, y.ptr<float>(), precision_ == Precision::fast, stream());
     gemm(x.ptr<float>(), T, w, y.ptr<float>());
   }
 

@@ -21,6 +21,15 @@
 // per-task sums meet in shared memory and are added in a fixed order: results depend on neither
 // grid nor scheduling.
 //
+// The fast precision reads x as a 16-bit integer per element instead (x ≈ sx·n, |n| ≤ 32639, sx =
+// the chunk's largest |x| / 32639), stored as two signed 8-bit digits n = 256·h + l, and takes
+// the dot products of codes and digits four at a time with dp4a: a 4-bit code byte's low nibble
+// masked in place is its even element's code, the high nibble masked in place 16× its odd element's,
+// so a 32-bit word of codes is two masks and four dp4a (h and l of even and odd elements) instead of
+// eight masks and eight FMAs. The integer sums are exact (below 2^28 a chunk); x's rounding to
+// 16 bits (≤ sx/2 per element, ~1.5e-5 of the chunk's largest) is the only difference from the
+// exact form, well below the bf16 operands of the fast precision's GEMMs.
+//
 // The SwiGLU MLP's gate and up share x and a shape: as one launch their row groups interleave (gate's
 // group i, then up's), so a block holds both halves of its rows and its epilogue writes silu(g)·u;
 // no separate SiLU·mul launch and no gate/up round trip through memory.
@@ -66,6 +75,25 @@ struct Layout {
   __device__ static int64_t unit(int64_t c, int i) { return c * kUnits + (i ^ static_cast<int>((c * kUnits / 8) % kUnits)); }
 };
 
+// x as digits (the fast precision): per 16-byte chunk of codes, kUnits int4s of packed int8 digits,
+// swizzled as Layout's float4s. 4-bit: unit k serves code word k as (h of its even elements, h of its
+// odd, l of its even, l of its odd), element 8k + 2b (+ 1) in byte b. 8-bit: unit k serves words 2k
+// and 2k + 1 as (h, l, h, l), element 4w + b in byte b.
+template <int kBits>
+struct Digits {
+  static constexpr int kChunk = 128 / kBits;
+  static constexpr int kUnits = kChunk / 8;
+  static constexpr int kLimit = 127 * 256 + 127;  // the largest |n| whose h = round(n / 256) fits int8
+  __device__ static int64_t unit(int64_t c, int i) { return c * kUnits + (i ^ static_cast<int>((c * kUnits / 8) % kUnits)); }
+};
+
+// d + Σ a.byte[i]·b.byte[i], a's bytes unsigned (a masked high nibble is up to 240), b's signed.
+__device__ __forceinline__ int dot4(uint32_t a, int b, int d) {
+  int r;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(d));
+  return r;
+}
+
 // The matrices of one launch, sharing x and its quantization layout: matrix i owns row groups
 // [first_group[i], first_group[i + 1]); each row is cut into 2^split_shift slices of `steps` steps or fewer.
 struct AffineBatch {
@@ -99,14 +127,20 @@ struct Step {
   Raw scale[kRows], bias[kRows];
 };
 
-template <int kBits, class Scale>
+// Bytes of shared memory x takes per element: f32 pre-scaled, or two int8 digits.
+__host__ __device__ constexpr int x_bytes(bool digits) { return digits ? 2 : 4; }
+
+template <int kBits, class Scale, bool kDigits>
 __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     gemv_affine_kernel(const float* __restrict__ x, const __grid_constant__ AffineBatch b) {
   using L = Layout<kBits>;
+  using D = Digits<kBits>;
   using Raw = typename Scale::Raw;
   extern __shared__ float4 shared[];
-  float4* xs = shared;                                             // chunks × kUnits, swizzled
-  float2* meta = reinterpret_cast<float2*>(xs + b.chunks * L::kUnits);  // (2^(149−S), Σx) per chunk
+  float4* xs = shared;                              // exact: chunks × L::kUnits pre-scaled x, swizzled
+  int4* xd = reinterpret_cast<int4*>(shared);       // fast: chunks × D::kUnits digits, swizzled
+  // Per chunk: exact (2^(149−S), Σx); fast (sx, Σx), sx / 16 for 4-bit (its odd codes count 16×).
+  float2* meta = reinterpret_cast<float2*>(reinterpret_cast<char*>(shared) + b.chunks * L::kChunk * x_bytes(kDigits));
   float* partial = reinterpret_cast<float*>(meta + b.chunks);       // tasks × kRows
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   // The block's row groups (whole (gate, up) pairs under swiglu).
@@ -153,7 +187,44 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   float acc[kRows] = {};
   // Adds step s to acc; after a task's last step, its sums go to shared memory.
   auto consume = [&](const Step<Raw>& s) {
-    if (s.c >= 0) {
+    if (s.c < 0) {
+    } else if constexpr (kDigits) {
+      const float2 chunk = meta[s.c];
+      int n[kRows];
+      if constexpr (kBits == 4) {
+        // d0..d3: Σ over the chunk of (even code · h, 16·odd code · h, even code · l, 16·odd code · l).
+        int d[kRows][4] = {};
+#pragma unroll
+        for (int word = 0; word < 4; ++word) {
+          const int4 u = xd[D::unit(s.c, word)];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const uint32_t even = s.raw[r][word] & 0x0F0F0F0Fu, odd = s.raw[r][word] & 0xF0F0F0F0u;
+            d[r][0] = dot4(even, u.x, d[r][0]), d[r][1] = dot4(odd, u.y, d[r][1]);
+            d[r][2] = dot4(even, u.z, d[r][2]), d[r][3] = dot4(odd, u.w, d[r][3]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) n[r] = ((d[r][0] * 16 + d[r][1]) * 16 + d[r][2]) * 16 + d[r][3];
+      } else {
+        int h[kRows] = {}, l[kRows] = {};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int4 u = xd[D::unit(s.c, k)];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            h[r] = dot4(s.raw[r][2 * k], u.x, h[r]), l[r] = dot4(s.raw[r][2 * k], u.y, l[r]);
+            h[r] = dot4(s.raw[r][2 * k + 1], u.z, h[r]), l[r] = dot4(s.raw[r][2 * k + 1], u.w, l[r]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) n[r] = h[r] * 256 + l[r];
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        acc[r] = __fmaf_rn(Scale::decode(s.scale[r]), static_cast<float>(n[r]) * chunk.x,
+                           __fmaf_rn(Scale::decode(s.bias[r]), chunk.y, acc[r]));
+    } else {
       const float2 chunk = meta[s.c];
       float dot[kRows] = {};
 #pragma unroll
@@ -208,6 +279,30 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     float top = 0.0f, sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < L::kChunk; ++i) top = fmaxf(top, fabsf(v[i])), sum += v[i];
+    if constexpr (kDigits) {
+      // n = 256·h + l with h = round(n / 256): h in [-127, 127], l in [-128, 127]. A non-finite
+      // chunk gets no digits; its Σx carries the NaN / infinity into every row's sum.
+      const float inv = top > 0.0f && top <= 3.4e38f ? D::kLimit / top : 0.0f;
+      uint32_t h[L::kChunk], l[L::kChunk];
+#pragma unroll
+      for (int i = 0; i < L::kChunk; ++i) {
+        const int n = min(max(__float2int_rn(v[i] * inv), -D::kLimit), D::kLimit), hi = (n + 128) >> 8;
+        h[i] = static_cast<uint32_t>(hi) & 0xFFu, l[i] = static_cast<uint32_t>(n - hi * 256) & 0xFFu;
+      }
+      auto pack = [](const uint32_t* d, int first, int stride) {
+        return static_cast<int>(d[first] | d[first + stride] << 8 | d[first + 2 * stride] << 16 | d[first + 3 * stride] << 24);
+      };
+#pragma unroll
+      for (int u = 0; u < D::kUnits; ++u) {
+        if constexpr (kBits == 4) {
+          xd[D::unit(k, u)] = make_int4(pack(h, 8 * u, 2), pack(h, 8 * u + 1, 2), pack(l, 8 * u, 2), pack(l, 8 * u + 1, 2));
+        } else {
+          xd[D::unit(k, u)] = make_int4(pack(h, 8 * u, 1), pack(l, 8 * u, 1), pack(h, 8 * u + 4, 1), pack(l, 8 * u + 4, 1));
+        }
+      }
+      meta[k] = make_float2(top / D::kLimit * (kBits == 4 ? 1.0f / 16.0f : 1.0f), sum);
+      continue;
+    }
     // |x| < 2^(e − 126) for biased exponent e, so |x|·2^S < 2^126 with S = 252 − e; S ≤ 127 keeps
     // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite.
     const int e = static_cast<int>(__float_as_uint(top) >> 23);
@@ -274,20 +369,24 @@ int device_attribute() {
   return value;
 }
 
-template <int kBits, class Scale>
+template <int kBits, class Scale, bool kDigits>
 void launch_kernel(const float* x, const AffineBatch& b, unsigned blocks, size_t shared, cudaStream_t stream) {
   // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
   if (shared > 48 * 1024)
-    QINFER_CUDA_CHECK(cudaFuncSetAttribute(gemv_affine_kernel<kBits, Scale>,
+    QINFER_CUDA_CHECK(cudaFuncSetAttribute(gemv_affine_kernel<kBits, Scale, kDigits>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-  launch_overlapped(gemv_affine_kernel<kBits, Scale>, blocks, kWarps * kWarp, shared, stream, x, b);
+  launch_overlapped(gemv_affine_kernel<kBits, Scale, kDigits>, blocks, kWarps * kWarp, shared, stream, x, b);
 }
 
 template <class Scale>
-void launch_scaled(const float* x, const AffineBatch& b, int bits, unsigned blocks, size_t shared,
+void launch_scaled(const float* x, const AffineBatch& b, int bits, bool digits, unsigned blocks, size_t shared,
                    cudaStream_t stream) {
-  if (bits == 8) return launch_kernel<8, Scale>(x, b, blocks, shared, stream);
-  launch_kernel<4, Scale>(x, b, blocks, shared, stream);
+  if (digits) {
+    if (bits == 8) return launch_kernel<8, Scale, true>(x, b, blocks, shared, stream);
+    return launch_kernel<4, Scale, true>(x, b, blocks, shared, stream);
+  }
+  if (bits == 8) return launch_kernel<8, Scale, false>(x, b, blocks, shared, stream);
+  launch_kernel<4, Scale, false>(x, b, blocks, shared, stream);
 }
 
 // Whether the kernel takes w, and w with the batch's first matrix shares x's layout.
@@ -306,9 +405,10 @@ struct Plan {
   bool fits = false;   // false: the batch does not fit shared memory
   unsigned blocks = 0; // 0: nothing to do
   size_t shared = 0;
+  bool digits = false;  // x as int8 digits (the fast precision)
 };
 
-Plan plan_affine(AffineBatch& b, const WeightView& first) {
+Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   b.chunks = first.in * first.bits / 128;
   b.group_shift = first.group_shift;
   b.row_bytes = first.row_words * 4;
@@ -326,18 +426,19 @@ Plan plan_affine(AffineBatch& b, const WeightView& first) {
   const int64_t blocks = std::clamp<int64_t>(std::min((groups * split + kWarps - 1) / kWarps, groups / pair), 1,
                                              int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>());
   const int64_t block_groups = pair * ((groups / pair + blocks - 1) / blocks);
-  const size_t shared = static_cast<size_t>(first.in * sizeof(float) + b.chunks * sizeof(float2) +
+  const size_t shared = static_cast<size_t>(first.in * x_bytes(digits) + b.chunks * sizeof(float2) +
                                             block_groups * split * kRows * sizeof(float));
   if (shared > static_cast<size_t>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return {};
-  return {true, static_cast<unsigned>(blocks), shared};
+  return {true, static_cast<unsigned>(blocks), shared, digits};
 }
 
 void launch_plan(const float* x, const AffineBatch& b, const WeightView& first, const Plan& plan,
                  cudaStream_t stream) {
   if (plan.blocks == 0) return;
-  if (first.scale_dtype == DType::bf16) launch_scaled<ScaleBf16>(x, b, first.bits, plan.blocks, plan.shared, stream);
-  else if (first.scale_dtype == DType::f16) launch_scaled<ScaleF16>(x, b, first.bits, plan.blocks, plan.shared, stream);
-  else launch_scaled<ScaleF32>(x, b, first.bits, plan.blocks, plan.shared, stream);
+  const int bits = first.bits;
+  if (first.scale_dtype == DType::bf16) launch_scaled<ScaleBf16>(x, b, bits, plan.digits, plan.blocks, plan.shared, stream);
+  else if (first.scale_dtype == DType::f16) launch_scaled<ScaleF16>(x, b, bits, plan.digits, plan.blocks, plan.shared, stream);
+  else launch_scaled<ScaleF32>(x, b, bits, plan.digits, plan.blocks, plan.shared, stream);
 }
 
 // The (gate, up) batch of the fused SwiGLU.
@@ -372,7 +473,7 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
     b.y[i] = batch.y[i];
     b.rows[i] = w.rows;
   }
-  const Plan plan = plan_affine(b, first);
+  const Plan plan = plan_affine(b, first, batch.fast);
   if (!plan.fits) return false;
   launch_plan(x, b, first, plan, stream);
   return true;
@@ -381,13 +482,13 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
 bool gemv_affine_swiglu_fits(const float* x, const WeightView& gate, const WeightView& up) {
   if (!aligned16(x) || !takes(gate, gate) || !takes(up, gate) || up.rows != gate.rows) return false;
   AffineBatch b = swiglu_batch(gate, up, nullptr);
-  return plan_affine(b, gate).fits;
+  return plan_affine(b, gate, false).fits;  // digits take less shared memory than f32 x
 }
 
-void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out,
+void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out, bool fast,
                                cudaStream_t stream) {
   AffineBatch b = swiglu_batch(gate, up, out);
-  const Plan plan = plan_affine(b, gate);
+  const Plan plan = plan_affine(b, gate, fast);
   if (plan.fits) launch_plan(x, b, gate, plan, stream);  // callers asked gemv_affine_swiglu_fits first
 }
 

@@ -39,12 +39,13 @@ struct WeightView {
 constexpr int64_t kGemvMaxTokens = 8;
 // y[t, row] = x[t] · w[row] for t < T ≤ kGemvMaxTokens, f32 accumulation; the kernel (warp per row,
 // row tiles, tensor cores) is chosen by format and T.
-void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream);
+void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, bool fast, cudaStream_t stream);
 // Matrices that read the same x (q/k/v, gate/up, GDN input projections) as one launch: matrix i's
 // rows go to y[i]. A launcher takes all of them or none (false: the caller runs them one by one).
 constexpr int kMaxGemvMatrices = 4;
 struct GemvBatch {
   int count = 0;
+  bool fast = false;  // the fast precision: the affine kernel reads x rounded to 16 bits a chunk
   WeightView w[kMaxGemvMatrices];
   float* y[kMaxGemvMatrices] = {};
 };
@@ -63,7 +64,7 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
 // out = silu(x · gateᵀ) · (x · upᵀ) for one token of affine gate and up of one layout and shape that
 // the affine GEMV takes (the conditions of gemv_affine_swiglu_fits).
 bool gemv_affine_swiglu_fits(const float* x, const WeightView& gate, const WeightView& up);
-void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out,
+void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out, bool fast,
                                cudaStream_t stream);
 // Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo
 // (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the tensor-core GEMM's weight operands.

@@ -517,7 +517,7 @@ constexpr int64_t kMaxRowBlocks = 65535;
 
 }  // namespace
 
-void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaStream_t stream) {
+void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, bool fast, cudaStream_t stream) {
   if (T == 0 || w.rows == 0) return;
   if (T > kGemvMaxTokens) throw_error("cuda gemv: at most 8 tokens per call");
   const bool x_vec = aligned16(x) && w.in % 4 == 0;
@@ -529,6 +529,7 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaS
   if (T == 1) {
     GemvBatch one;
     one.count = 1;
+    one.fast = fast;
     one.w[0] = w;
     one.y[0] = y;
     if (try_launch_gemv_dense(x, one, stream) || try_launch_gemv_affine(x, one, stream)) return;
@@ -562,7 +563,7 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, cudaS
 
 void launch_gemv_batch(const float* x, int64_t T, const GemvBatch& batch, cudaStream_t stream) {
   if (T == 1 && (try_launch_gemv_dense(x, batch, stream) || try_launch_gemv_affine(x, batch, stream))) return;
-  for (int i = 0; i < batch.count; ++i) launch_gemv(x, T, batch.w[i], batch.y[i], stream);
+  for (int i = 0; i < batch.count; ++i) launch_gemv(x, T, batch.w[i], batch.y[i], batch.fast, stream);
 }
 
 void launch_dequantize_rows_bf16_pair(const WeightView& w, int64_t row0, int64_t rows, void* hi, void* lo,
