@@ -185,48 +185,50 @@ Weight weight_to_device(Ops& ops, const Weight& w) {
 // the exact kernel (which the op harness holds to the reference), where the harness's fast floor
 // (1e-2) would let a misplaced digit or a wrong chunk scale pass. Chunks of mixed magnitudes, an
 // all-zero x (y = 0 exactly), a NaN and an infinity (every output non-finite), both widths, every
-// group size, the fused (gate, up) and a q/k/v-style batch.
+// group size, a matrix large enough for several tasks a warp, the fused (gate, up) and a q/k/v-style batch.
 TEST(CudaOps, FastAffineGemvIsWithinSixteenBitsOfExact) {
   auto exact = make_cuda_ops(0, Precision::exact), fast = make_cuda_ops(0, Precision::fast);
   std::mt19937 rng(11);
-  for (const int bits : {4, 8}) {
-    for (const int group : {32, 64, 128}) {
-      const int64_t in = 4096 + 128, out = 301;
-      const Weight w = affine_weight(rng, bits, group, out, in), up = affine_weight(rng, bits, group, out, in);
-      // x ~ normal(0, 1): each element within ~4e-5 of its chunk's largest, ~2e-5 of y. Mixed: a large
-      // element every 37 (x 300) sets its chunks' step, so the others lose more (~2e-4 of y).
-      const Tensor x = random_f32(rng, {1, in});
-      Tensor mixed = host_tensor(DType::f32, {1, in});
-      std::memcpy(mixed.data, x.data, x.nbytes());
-      for (int64_t i = 0; i < in; i += 37) mixed.ptr<float>()[i] *= 300.0f;
-      for (int64_t i = 5; i < in; i += 11) mixed.ptr<float>()[i] *= 1e-3f;
-      const std::string what = fmt::format("{}-bit g{}", bits, group);
-      auto run = [&](Ops& ops, const Tensor& xh) {
-        const Weight wd = weight_to_device(ops, w), ud = weight_to_device(ops, up);
-        const Tensor xd = to_device(ops, xh);
-        Tensor y = ops.alloc(DType::f32, {1, out}), g = ops.alloc(DType::f32, {1, out});
-        Tensor q = ops.alloc(DType::f32, {1, out}), k = ops.alloc(DType::f32, {1, out});
-        ops.linear(xd, wd, y);
-        ops.linear_swiglu(xd, wd, ud, g);
-        ops.linear_many(xd, {&wd, &ud}, {&q, &k});
-        return std::vector<Tensor>{to_host(y), to_host(g), to_host(q), to_host(k)};
-      };
-      for (const auto& [input, tolerance] : {std::pair{&x, 1e-4}, std::pair{static_cast<const Tensor*>(&mixed), 6e-4}}) {
-        const auto want = run(*exact, *input), got = run(*fast, *input);
-        for (size_t i = 0; i < want.size(); ++i)
-          EXPECT_LT(rel_rms(got[i], want[i]), tolerance) << what << " output " << i << (input == &x ? "" : " mixed");
-      }
-      Tensor zero = host_tensor(DType::f32, {1, in});
-      std::fill_n(zero.ptr<float>(), in, 0.0f);
-      for (const Tensor& y : run(*fast, zero))
-        for (int64_t r = 0; r < out; ++r) ASSERT_EQ(y.ptr<float>()[r], 0.0f) << what;
-      for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
-        Tensor xb = host_tensor(DType::f32, {1, in});
-        std::memcpy(xb.data, x.data, x.nbytes());
-        xb.ptr<float>()[in / 2 + 3] = bad;
-        const auto y = run(*fast, xb);
-        for (int64_t r = 0; r < out; ++r) ASSERT_FALSE(std::isfinite(y[0].ptr<float>()[r])) << what << " row " << r;
-      }
+  struct Shape { int bits, group; int64_t in, out; };
+  std::vector<Shape> shapes;
+  for (const int bits : {4, 8})
+    for (const int group : {32, 64, 128}) shapes.push_back({bits, group, 4096 + 128, 301});
+  shapes.push_back({4, 64, 4096, 10240});  // a grid of every SM, several tasks a warp
+  for (const auto [bits, group, in, out] : shapes) {
+    const Weight w = affine_weight(rng, bits, group, out, in), up = affine_weight(rng, bits, group, out, in);
+    // x ~ normal(0, 1): each element within ~4e-5 of its chunk's largest, ~2e-5 of y. Mixed: a large
+    // element every 37 (x 300) sets its chunks' step, so the others lose more (~2e-4 of y).
+    const Tensor x = random_f32(rng, {1, in});
+    Tensor mixed = host_tensor(DType::f32, {1, in});
+    std::memcpy(mixed.data, x.data, x.nbytes());
+    for (int64_t i = 0; i < in; i += 37) mixed.ptr<float>()[i] *= 300.0f;
+    for (int64_t i = 5; i < in; i += 11) mixed.ptr<float>()[i] *= 1e-3f;
+    const std::string what = fmt::format("{}-bit g{}", bits, group);
+    auto run = [&](Ops& ops, const Tensor& xh) {
+      const Weight wd = weight_to_device(ops, w), ud = weight_to_device(ops, up);
+      const Tensor xd = to_device(ops, xh);
+      Tensor y = ops.alloc(DType::f32, {1, out}), g = ops.alloc(DType::f32, {1, out});
+      Tensor q = ops.alloc(DType::f32, {1, out}), k = ops.alloc(DType::f32, {1, out});
+      ops.linear(xd, wd, y);
+      ops.linear_swiglu(xd, wd, ud, g);
+      ops.linear_many(xd, {&wd, &ud}, {&q, &k});
+      return std::vector<Tensor>{to_host(y), to_host(g), to_host(q), to_host(k)};
+    };
+    for (const auto& [input, tolerance] : {std::pair{&x, 1e-4}, std::pair{static_cast<const Tensor*>(&mixed), 6e-4}}) {
+      const auto want = run(*exact, *input), got = run(*fast, *input);
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_LT(rel_rms(got[i], want[i]), tolerance) << what << " output " << i << (input == &x ? "" : " mixed");
+    }
+    Tensor zero = host_tensor(DType::f32, {1, in});
+    std::fill_n(zero.ptr<float>(), in, 0.0f);
+    for (const Tensor& y : run(*fast, zero))
+      for (int64_t r = 0; r < out; ++r) ASSERT_EQ(y.ptr<float>()[r], 0.0f) << what;
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
+      Tensor xb = host_tensor(DType::f32, {1, in});
+      std::memcpy(xb.data, x.data, x.nbytes());
+      xb.ptr<float>()[in / 2 + 3] = bad;
+      const auto y = run(*fast, xb);
+      for (int64_t r = 0; r < out; ++r) ASSERT_FALSE(std::isfinite(y[0].ptr<float>()[r])) << what << " row " << r;
     }
   }
 }
