@@ -46,7 +46,11 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kRows = 4;         // rows per task: a lane has kRows 16-byte loads per step
 constexpr int kBlocksPerSm = 2;  // within 128 registers a thread, no spills
-constexpr int kMinSteps = 4;     // a slice gives each lane at least this many steps where the row allows (2: 3% slower 8B decode)
+// A slice gives each lane at least this many steps where the row allows. Measured on an H200: the
+// exact kernel's 4 (2: 3% slower 8B decode); the fast kernel's cheaper steps want more, shorter
+// tasks (2: 4096 -> 12288 at 59% of the copy probe against 53%, 4096 -> 4096 36% against 31%).
+constexpr int kMinSteps = 4;
+constexpr int kMinStepsDigits = 2;
 
 // How affine scales and biases are stored: Raw is loaded, decode gives the f32 value.
 struct ScaleF32 {
@@ -101,13 +105,15 @@ struct AffineBatch {
   // (gate, up) of one shape, row group i of the launch being group i / 2 of matrix i % 2: y[0] gets
   // silu(x·gate)·(x·up).
   bool swiglu;
-  int64_t chunks, row_bytes, groups, steps;  // per row; chunks: 16-byte code chunks
+  // Per row; chunks: 16-byte code chunks. 32-bit (plan_affine checks): the per-step index
+  // arithmetic is a fair share of a step's instructions.
+  int chunks, row_bytes, groups, steps;
   const char* codes[kMaxGemvMatrices];
   const void* scales[kMaxGemvMatrices];
   const void* biases[kMaxGemvMatrices];
   float* y[kMaxGemvMatrices];
-  int64_t rows[kMaxGemvMatrices];
-  int64_t first_group[kMaxGemvMatrices + 1];
+  int rows[kMaxGemvMatrices];
+  int first_group[kMaxGemvMatrices + 1];
 };
 
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
@@ -122,7 +128,7 @@ __device__ __forceinline__ void load_chunk(const char* p, uint32_t (&dst)[4]) {
 // One step of one lane: chunk c (−1: none) of the task's kRows rows.
 template <class Raw>
 struct Step {
-  int64_t task, index, c;
+  int task, index, c;
   uint32_t raw[kRows][4];
   Raw scale[kRows], bias[kRows];
 };
@@ -147,39 +153,41 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   const int64_t pair = b.swiglu ? 2 : 1, total = b.first_group[b.count] / pair;
   const int64_t group0 = pair * (total * blockIdx.x / gridDim.x);
   const int64_t group_end = pair * (total * (blockIdx.x + 1) / gridDim.x);
-  const int64_t tasks = (group_end - group0) << b.split_shift;
+  const int tasks = static_cast<int>((group_end - group0) << b.split_shift);
 
   // Loads step `index` of `task` (a warp's tasks are warp, warp + kWarps, ...); false past the last.
   // split is a power of two: the per-step arithmetic is shifts, not 64-bit divisions.
-  auto load = [&](int64_t task, int64_t index, Step<Raw>& s) {
+  auto load = [&](int task, int index, Step<Raw>& s) {
     s.task = task, s.index = index, s.c = -1;
     if (task >= tasks) return false;
-    const int64_t group = group0 + (task >> b.split_shift);
-    const int64_t slice = task & ((int64_t{1} << b.split_shift) - 1);
-    int m = 0;
-    int64_t group_in_m = group >> 1;
+    const int group = static_cast<int>(group0) + (task >> b.split_shift);
+    const int slice = task & ((1 << b.split_shift) - 1);
+    int m = 0, group_in_m = group >> 1;
     if (b.swiglu) {
-      m = static_cast<int>(group & 1);
+      m = group & 1;
     } else {
       while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
       group_in_m = group - b.first_group[m];
     }
-    const int64_t row0 = group_in_m * kRows, rows = b.rows[m];
-    const int64_t end = (b.chunks * (slice + 1)) >> b.split_shift;
-    const int64_t c = ((b.chunks * slice) >> b.split_shift) + lane + kWarp * index;
+    const int row0 = group_in_m * kRows, last = b.rows[m] - 1;
+    const int end = (b.chunks * (slice + 1)) >> b.split_shift;
+    const int c = ((b.chunks * slice) >> b.split_shift) + lane + kWarp * index;
     if (c >= end) return true;
     s.c = c;
-    const int64_t scale_at = (c * L::kChunk) >> b.group_shift;
+    const char* codes = b.codes[m] + c * 16;
+    const int scale_at = (c * L::kChunk) >> b.group_shift;
+    const Raw* scales = static_cast<const Raw*>(b.scales[m]) + scale_at;
+    const Raw* biases = static_cast<const Raw*>(b.biases[m]) + scale_at;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;  // a short last group re-reads a row
-      load_chunk(b.codes[m] + row * b.row_bytes + c * 16, s.raw[r]);
-      s.scale[r] = __ldg(static_cast<const Raw*>(b.scales[m]) + row * b.groups + scale_at);
-      s.bias[r] = __ldg(static_cast<const Raw*>(b.biases[m]) + row * b.groups + scale_at);
+      const int row = min(row0 + r, last);  // a short last group re-reads a row
+      load_chunk(codes + static_cast<int64_t>(row) * b.row_bytes, s.raw[r]);
+      s.scale[r] = __ldg(scales + static_cast<int64_t>(row) * b.groups);
+      s.bias[r] = __ldg(biases + static_cast<int64_t>(row) * b.groups);
     }
     return true;
   };
-  auto advance = [&](const Step<Raw>& s, int64_t& task, int64_t& index) {
+  auto advance = [&](const Step<Raw>& s, int& task, int& index) {
     task = s.task, index = s.index + 1;
     if (index == b.steps) task += kWarps, index = 0;
   };
@@ -264,7 +272,7 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   // The first two steps' codes are on their way before x (the previous kernel's output) is read.
   allow_next_kernel();
   Step<Raw> a, c;
-  int64_t task = warp, index = 0;
+  int task = warp, index = 0;
   bool more_a = load(task, index, a);
   advance(a, task, index);
   bool more_c = load(task, index, c);
@@ -394,6 +402,7 @@ bool takes(const WeightView& w, const WeightView& first) {
   if (!w.quantized || w.mode != quant::Mode::affine || (w.bits != 4 && w.bits != 8) || !w.biases) return false;
   if ((w.group_size != 32 && w.group_size != 64 && w.group_size != 128) || w.in <= 0 || w.in % w.group_size != 0)
     return false;
+  if (w.in > (int64_t{1} << 26) || w.rows > (int64_t{1} << 28)) return false;  // the kernel's 32-bit indices
   if (w.scale_dtype != DType::f32 && w.scale_dtype != DType::bf16 && w.scale_dtype != DType::f16) return false;
   if (!aligned16(w.data) || w.row_words % 4 != 0 || w.row_words * 32 != w.in * w.bits) return false;
   return w.bits == first.bits && w.group_size == first.group_size && w.scale_dtype == first.scale_dtype &&
@@ -409,14 +418,15 @@ struct Plan {
 };
 
 Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
-  b.chunks = first.in * first.bits / 128;
+  b.chunks = static_cast<int>(first.in * first.bits / 128);
   b.group_shift = first.group_shift;
-  b.row_bytes = first.row_words * 4;
-  b.groups = first.in >> first.group_shift;
-  // Slices long enough for kMinSteps steps a lane (pipelining needs more than one), at most kWarps.
+  b.row_bytes = static_cast<int>(first.row_words * 4);
+  b.groups = static_cast<int>(first.in >> first.group_shift);
+  // Slices long enough for min_steps steps a lane (pipelining needs more than one), at most kWarps.
   int64_t split = 1;
-  while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
-  b.steps = ((b.chunks + split - 1) / split + kWarp - 1) / kWarp;
+  const int min_steps = digits ? kMinStepsDigits : kMinSteps;
+  while (split < kWarps && b.chunks / (2 * split) >= int64_t{min_steps} * kWarp) split *= 2, ++b.split_shift;
+  b.steps = static_cast<int>(((b.chunks + split - 1) / split + kWarp - 1) / kWarp);
   for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + (b.rows[i] + kRows - 1) / kRows;
   const int64_t groups = b.first_group[b.count];
   if (groups == 0) return {true, 0, 0};
@@ -452,7 +462,7 @@ AffineBatch swiglu_batch(const WeightView& gate, const WeightView& up, float* ou
     b.scales[i] = w[i]->scales;
     b.biases[i] = w[i]->biases;
     b.y[i] = out;
-    b.rows[i] = w[i]->rows;
+    b.rows[i] = static_cast<int>(w[i]->rows);
   }
   return b;
 }
@@ -471,7 +481,7 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
     b.scales[i] = w.scales;
     b.biases[i] = w.biases;
     b.y[i] = batch.y[i];
-    b.rows[i] = w.rows;
+    b.rows[i] = static_cast<int>(w.rows);
   }
   const Plan plan = plan_affine(b, first, batch.fast);
   if (!plan.fits) return false;
