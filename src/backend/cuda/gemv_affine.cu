@@ -46,11 +46,11 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kRows = 4;         // rows per task: a lane has kRows 16-byte loads per step
 constexpr int kBlocksPerSm = 2;  // within 128 registers a thread, no spills
-// A slice gives each lane at least this many steps where the row allows. Measured on an H200: the
-// exact kernel's 4 (2: 3% slower 8B decode); the fast kernel's cheaper steps want more, shorter
-// tasks (2: 4096 -> 12288 at 59% of the copy probe against 53%, 4096 -> 4096 36% against 31%).
+// A slice gives each lane at least this many steps where the row allows. Measured on an H200 (8B
+// decode), 2 is slower: 3% for the exact kernel, 3% for the fast one (368 tok/s against 357), though
+// alone the fast kernel's one-matrix cases read faster with it (4096 -> 12288: 59% of the copy probe
+// against 53%).
 constexpr int kMinSteps = 4;
-constexpr int kMinStepsDigits = 2;
 
 // How affine scales and biases are stored: Raw is loaded, decode gives the f32 value.
 struct ScaleF32 {
@@ -422,10 +422,9 @@ Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   b.group_shift = first.group_shift;
   b.row_bytes = static_cast<int>(first.row_words * 4);
   b.groups = static_cast<int>(first.in >> first.group_shift);
-  // Slices long enough for min_steps steps a lane (pipelining needs more than one), at most kWarps.
+  // Slices long enough for kMinSteps steps a lane (pipelining needs more than one), at most kWarps.
   int64_t split = 1;
-  const int min_steps = digits ? kMinStepsDigits : kMinSteps;
-  while (split < kWarps && b.chunks / (2 * split) >= int64_t{min_steps} * kWarp) split *= 2, ++b.split_shift;
+  while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
   b.steps = static_cast<int>(((b.chunks + split - 1) / split + kWarp - 1) / kWarp);
   for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + (b.rows[i] + kRows - 1) / kRows;
   const int64_t groups = b.first_group[b.count];

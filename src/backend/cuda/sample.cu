@@ -122,12 +122,20 @@ __global__ void sampling_penalize_kernel(const float* __restrict__ logits, int64
   }
 }
 
+// row_max[s] = row s's largest logit, at its argmax (the host returns the argmax where it is
+// infinite). Its own launch: the weighing overwrites the row in place, so a block that read the
+// largest logit from the row could find the weight another block wrote there.
+__global__ void sampling_max_kernel(const float* __restrict__ work, int64_t V, int64_t S, const int32_t* __restrict__ best,
+                                    float* __restrict__ row_max) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s < S) row_max[s] = work[s * V + best[s]];
+}
+
 // Block (b, s) turns ids [b·kSamplingBlock, ...) of a weighed row into weights (in place), their
-// mass in sampling_block_sum's order, and how many reach the row's threshold; block 0 also records
-// the row's largest logit (the host returns the argmax where it is infinite).
+// mass in sampling_block_sum's order, and how many reach the row's threshold.
 __global__ void __launch_bounds__(kWeighThreads)
     sampling_weigh_kernel(float* __restrict__ work, int64_t V, const DeviceSampleRow* rows,
-                          const int32_t* __restrict__ best, float* __restrict__ row_max, double* __restrict__ masses,
+                          const float* __restrict__ row_max, double* __restrict__ masses,
                           int32_t* __restrict__ passing) {
   __shared__ float w[kSampleBlock];
   __shared__ double chains[4];
@@ -135,8 +143,7 @@ __global__ void __launch_bounds__(kWeighThreads)
   const int64_t s = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
   const DeviceSampleRow row = rows[s];
   float* r = work + s * V;
-  const float max_logit = r[best[s]];
-  if (b == 0 && threadIdx.x == 0) row_max[s] = max_logit;
+  const float max_logit = row_max[s];
   if (row.temperature <= 0.0f || isinf(max_logit)) return;
   if (threadIdx.x == 0) passed = 0;
   __syncthreads();
@@ -238,8 +245,10 @@ void launch_sampling_weigh(const float* logits, int64_t S, int64_t V, const Devi
   sampling_penalize_kernel<<<rows_y, 256, 0, stream>>>(logits, V, rows, penalty_ids, penalty_counts, buf.work);
   QINFER_CUDA_CHECK_LAUNCH("sampling_penalize_kernel<<<>>>");
   launch_argmax_rows(buf.work, S, V, buf.best, buf.argmax_scratch, stream);
+  sampling_max_kernel<<<static_cast<unsigned>((S + 255) / 256), 256, 0, stream>>>(buf.work, V, S, buf.best, buf.row_max);
+  QINFER_CUDA_CHECK_LAUNCH("sampling_max_kernel<<<>>>");
   const auto blocks = static_cast<unsigned>((V + kSampleBlock - 1) / kSampleBlock);
-  sampling_weigh_kernel<<<dim3(blocks, rows_y), kWeighThreads, 0, stream>>>(buf.work, V, rows, buf.best, buf.row_max,
+  sampling_weigh_kernel<<<dim3(blocks, rows_y), kWeighThreads, 0, stream>>>(buf.work, V, rows, buf.row_max,
                                                                            buf.masses, buf.passing);
   QINFER_CUDA_CHECK_LAUNCH("sampling_weigh_kernel<<<>>>");
   sampling_compact_kernel<<<dim3(blocks, rows_y), kSampleBlock, 0, stream>>>(
