@@ -26,9 +26,10 @@
 // the dot products of codes and digits four at a time with dp4a: a 4-bit code byte's low nibble
 // masked in place is its even element's code, the high nibble masked in place 16× its odd element's,
 // so a 32-bit word of codes is two masks and four dp4a (h and l of even and odd elements) instead of
-// eight masks and eight FMAs. The integer sums are exact (below 2^28 a chunk); x's rounding to
-// 16 bits (≤ sx/2 per element, ~1.5e-5 of the chunk's largest) is the only difference from the
-// exact form, well below the bf16 operands of the fast precision's GEMMs.
+// eight masks and eight FMAs (8-bit: the code bytes as they are, two dp4a a word). A chunk's integer
+// sum is exact (below 2^28) and rounds once, to f32; x's rounding to 16 bits (≤ sx/2 per element,
+// ~1.5e-5 of the chunk's largest) is the difference that counts against the exact form, well below
+// the bf16 operands of the fast precision's GEMMs.
 //
 // The SwiGLU MLP's gate and up share x and a shape: as one launch their row groups interleave (gate's
 // group i, then up's), so a block holds both halves of its rows and its epilogue writes silu(g)·u;
