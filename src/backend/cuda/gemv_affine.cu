@@ -68,6 +68,13 @@ struct ScaleF16 {
   __device__ static float decode(Raw v) { return __half2float(__ushort_as_half(v)); }
 };
 
+// Unit i of chunk c among kUnits 16-byte units a chunk: the 8 lanes of one 16-byte shared load read
+// consecutive chunks, which the swizzle spreads over all 32 banks.
+template <int kUnits>
+__device__ int64_t swizzled_unit(int64_t c, int i) {
+  return c * kUnits + (i ^ static_cast<int>((c * kUnits / 8) % kUnits));
+}
+
 template <int kBits>
 struct Layout {
   static constexpr int kChunk = 128 / kBits;  // elements per 16-byte chunk of codes
@@ -75,9 +82,8 @@ struct Layout {
   static constexpr int kWordCodes = 32 / kBits;
   static constexpr int kHalfCodes = 16 / kBits;  // codes per 16-bit half: bit position p = kBits·(k % this)
   static constexpr uint32_t kMask = (1u << kBits) - 1u;
-  // Where float4 i of chunk c's x sits in shared memory: the 8 lanes of one 16-byte shared load read
-  // consecutive chunks, which the swizzle spreads over all 32 banks.
-  __device__ static int64_t unit(int64_t c, int i) { return c * kUnits + (i ^ static_cast<int>((c * kUnits / 8) % kUnits)); }
+  // Where float4 i of chunk c's x sits in shared memory.
+  __device__ static int64_t unit(int64_t c, int i) { return swizzled_unit<kUnits>(c, i); }
 };
 
 // x as digits (the fast precision): per 16-byte chunk of codes, kUnits int4s of packed int8 digits,
@@ -89,7 +95,7 @@ struct Digits {
   static constexpr int kChunk = 128 / kBits;
   static constexpr int kUnits = kChunk / 8;
   static constexpr int kLimit = 127 * 256 + 127;  // the largest |n| whose h = round(n / 256) fits int8
-  __device__ static int64_t unit(int64_t c, int i) { return c * kUnits + (i ^ static_cast<int>((c * kUnits / 8) % kUnits)); }
+  __device__ static int64_t unit(int64_t c, int i) { return swizzled_unit<kUnits>(c, i); }
 };
 
 // d + Σ a.byte[i]·b.byte[i], a's bytes unsigned (a masked high nibble is up to 240), b's signed.
@@ -196,68 +202,69 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   float acc[kRows] = {};
   // Adds step s to acc; after a task's last step, its sums go to shared memory.
   auto consume = [&](const Step<Raw>& s) {
-    if (s.c < 0) {
-    } else if constexpr (kDigits) {
+    if (s.c >= 0) {
       const float2 chunk = meta[s.c];
-      int n[kRows];
-      if constexpr (kBits == 4) {
-        // d0..d3: Σ over the chunk of (even code · h, 16·odd code · h, even code · l, 16·odd code · l).
-        int d[kRows][4] = {};
+      if constexpr (kDigits) {
+        int n[kRows];
+        if constexpr (kBits == 4) {
+          // d0..d3: Σ over the chunk of (even code · h, 16·odd code · h, even code · l, 16·odd code · l).
+          int d[kRows][4] = {};
+#pragma unroll
+          for (int word = 0; word < 4; ++word) {
+            const int4 u = xd[D::unit(s.c, word)];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+              const uint32_t even = s.raw[r][word] & 0x0F0F0F0Fu, odd = s.raw[r][word] & 0xF0F0F0F0u;
+              d[r][0] = dot4(even, u.x, d[r][0]), d[r][1] = dot4(odd, u.y, d[r][1]);
+              d[r][2] = dot4(even, u.z, d[r][2]), d[r][3] = dot4(odd, u.w, d[r][3]);
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) n[r] = ((d[r][0] * 16 + d[r][1]) * 16 + d[r][2]) * 16 + d[r][3];
+        } else {
+          int h[kRows] = {}, l[kRows] = {};
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const int4 u = xd[D::unit(s.c, k)];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+              h[r] = dot4(s.raw[r][2 * k], u.x, h[r]), l[r] = dot4(s.raw[r][2 * k], u.y, l[r]);
+              h[r] = dot4(s.raw[r][2 * k + 1], u.z, h[r]), l[r] = dot4(s.raw[r][2 * k + 1], u.w, l[r]);
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) n[r] = h[r] * 256 + l[r];
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          acc[r] = __fmaf_rn(Scale::decode(s.scale[r]), static_cast<float>(n[r]) * chunk.x,
+                             __fmaf_rn(Scale::decode(s.bias[r]), chunk.y, acc[r]));
+      } else {
+        float dot[kRows] = {};
 #pragma unroll
         for (int word = 0; word < 4; ++word) {
-          const int4 u = xd[D::unit(s.c, word)];
+          float xv[L::kWordCodes];
+#pragma unroll
+          for (int i = 0; i < L::kWordCodes / 4; ++i) {
+            const float4 f = xs[L::unit(s.c, word * (L::kWordCodes / 4) + i)];
+            xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+          }
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
-            const uint32_t even = s.raw[r][word] & 0x0F0F0F0Fu, odd = s.raw[r][word] & 0xF0F0F0F0u;
-            d[r][0] = dot4(even, u.x, d[r][0]), d[r][1] = dot4(odd, u.y, d[r][1]);
-            d[r][2] = dot4(even, u.z, d[r][2]), d[r][3] = dot4(odd, u.w, d[r][3]);
+            const uint32_t lo = s.raw[r][word], hi = lo >> 16;
+#pragma unroll
+            for (int j = 0; j < L::kWordCodes; ++j) {
+              const uint32_t bits = (j < L::kHalfCodes ? lo : hi) & (L::kMask << (kBits * (j % L::kHalfCodes)));
+              dot[r] = __fmaf_rn(__uint_as_float(bits), xv[j], dot[r]);
+            }
           }
-        }
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) n[r] = ((d[r][0] * 16 + d[r][1]) * 16 + d[r][2]) * 16 + d[r][3];
-      } else {
-        int h[kRows] = {}, l[kRows] = {};
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int4 u = xd[D::unit(s.c, k)];
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            h[r] = dot4(s.raw[r][2 * k], u.x, h[r]), l[r] = dot4(s.raw[r][2 * k], u.y, l[r]);
-            h[r] = dot4(s.raw[r][2 * k + 1], u.z, h[r]), l[r] = dot4(s.raw[r][2 * k + 1], u.w, l[r]);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) n[r] = h[r] * 256 + l[r];
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        acc[r] = __fmaf_rn(Scale::decode(s.scale[r]), static_cast<float>(n[r]) * chunk.x,
-                           __fmaf_rn(Scale::decode(s.bias[r]), chunk.y, acc[r]));
-    } else {
-      const float2 chunk = meta[s.c];
-      float dot[kRows] = {};
-#pragma unroll
-      for (int word = 0; word < 4; ++word) {
-        float xv[L::kWordCodes];
-#pragma unroll
-        for (int i = 0; i < L::kWordCodes / 4; ++i) {
-          const float4 f = xs[L::unit(s.c, word * (L::kWordCodes / 4) + i)];
-          xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          const uint32_t lo = s.raw[r][word], hi = lo >> 16;
-#pragma unroll
-          for (int j = 0; j < L::kWordCodes; ++j) {
-            const uint32_t bits = (j < L::kHalfCodes ? lo : hi) & (L::kMask << (kBits * (j % L::kHalfCodes)));
-            dot[r] = __fmaf_rn(__uint_as_float(bits), xv[j], dot[r]);
-          }
+          // dot·2^(149−S) first: exact (a power of two), and finite wherever the true partial sum is.
+          acc[r] = __fmaf_rn(Scale::decode(s.scale[r]), dot[r] * chunk.x,
+                             __fmaf_rn(Scale::decode(s.bias[r]), chunk.y, acc[r]));
         }
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        // dot·2^(149−S) first: exact (a power of two), and finite wherever the true partial sum is.
-        acc[r] = __fmaf_rn(Scale::decode(s.scale[r]), dot[r] * chunk.x, __fmaf_rn(Scale::decode(s.bias[r]), chunk.y, acc[r]));
       }
     }
     if (s.index + 1 == b.steps) {
