@@ -191,11 +191,15 @@ TEST(CudaOps, FastAffineGemvIsWithinSixteenBitsOfExact) {
   std::mt19937 rng(11);
   struct Shape { int bits, group; int64_t in, out; };
   std::vector<Shape> shapes;
-  for (const int bits : {4, 8})
-    for (const int group : {32, 64, 128}) shapes.push_back({bits, group, 4096 + 128, 301});
+  // Rows whose bf16 scales are whole 16-byte units (4096) and are not (4224).
+  for (const int64_t in : {4096, 4096 + 128})
+    for (const int bits : {4, 8})
+      for (const int group : {32, 64, 128}) shapes.push_back({bits, group, in, 301});
   shapes.push_back({4, 64, 4096, 10240});  // a grid of every SM, several tasks a warp
+  shapes.push_back({4, 64, 12288, 4096});  // the MLP's down projection: slices of rows
   for (const auto [bits, group, in, out] : shapes) {
     const Weight w = affine_weight(rng, bits, group, out, in), up = affine_weight(rng, bits, group, out, in);
+    const Weight small = affine_weight(rng, bits, group, 37, in);
     // x ~ normal(0, 1): each element within ~4e-5 of its chunk's largest, ~2e-5 of y. Mixed: a large
     // element every 37 (x 300) sets its chunks' step, so the others lose more (~2e-4 of y).
     const Tensor x = random_f32(rng, {1, in});
@@ -203,16 +207,17 @@ TEST(CudaOps, FastAffineGemvIsWithinSixteenBitsOfExact) {
     std::memcpy(mixed.data, x.data, x.nbytes());
     for (int64_t i = 0; i < in; i += 37) mixed.ptr<float>()[i] *= 300.0f;
     for (int64_t i = 5; i < in; i += 11) mixed.ptr<float>()[i] *= 1e-3f;
-    const std::string what = fmt::format("{}-bit g{}", bits, group);
+    const std::string what = fmt::format("{}-bit g{} {}x{}", bits, group, out, in);
     auto run = [&](Ops& ops, const Tensor& xh) {
-      const Weight wd = weight_to_device(ops, w), ud = weight_to_device(ops, up);
+      const Weight wd = weight_to_device(ops, w), ud = weight_to_device(ops, up), sd = weight_to_device(ops, small);
       const Tensor xd = to_device(ops, xh);
       Tensor y = ops.alloc(DType::f32, {1, out}), g = ops.alloc(DType::f32, {1, out});
       Tensor q = ops.alloc(DType::f32, {1, out}), k = ops.alloc(DType::f32, {1, out});
+      Tensor v = ops.alloc(DType::f32, {1, 37});
       ops.linear(xd, wd, y);
       ops.linear_swiglu(xd, wd, ud, g);
-      ops.linear_many(xd, {&wd, &ud}, {&q, &k});
-      return std::vector<Tensor>{to_host(y), to_host(g), to_host(q), to_host(k)};
+      ops.linear_many(xd, {&wd, &sd, &ud}, {&q, &v, &k});  // a short matrix between two
+      return std::vector<Tensor>{to_host(y), to_host(g), to_host(q), to_host(k), to_host(v)};
     };
     for (const auto& [input, tolerance] : {std::pair{&x, 1e-4}, std::pair{static_cast<const Tensor*>(&mixed), 6e-4}}) {
       const auto want = run(*exact, *input), got = run(*fast, *input);
@@ -222,7 +227,7 @@ TEST(CudaOps, FastAffineGemvIsWithinSixteenBitsOfExact) {
     Tensor zero = host_tensor(DType::f32, {1, in});
     std::fill_n(zero.ptr<float>(), in, 0.0f);
     for (const Tensor& y : run(*fast, zero))
-      for (int64_t r = 0; r < out; ++r) ASSERT_EQ(y.ptr<float>()[r], 0.0f) << what;
+      for (int64_t r = 0; r < y.numel(); ++r) ASSERT_EQ(y.ptr<float>()[r], 0.0f) << what;
     for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
       Tensor xb = host_tensor(DType::f32, {1, in});
       std::memcpy(xb.data, x.data, x.nbytes());
