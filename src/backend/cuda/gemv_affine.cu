@@ -285,23 +285,38 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   advance(a, task, index);
   bool more_c = load(task, index, c);
   wait_for_previous_kernel();
-  for (int64_t k = threadIdx.x; k < b.chunks; k += blockDim.x) {
-    float v[L::kChunk];
+  // x's conversion sits between the previous kernel's end and the first step (the first steps'
+  // codes have usually landed by then), so it is spread over the whole block: two threads a chunk,
+  // half of its elements each, the chunk's largest |x| and its sum (first half + second half)
+  // shared between the pair. Measured on an H200 (8B decode): 384 tok/s against 366 with a thread
+  // a chunk.
+  constexpr int kHalf = L::kChunk / 2;
+  const int pair_slots = (2 * b.chunks + blockDim.x - 1) / blockDim.x * blockDim.x;  // whole pairs a pass
+  for (int j = threadIdx.x; j < pair_slots; j += blockDim.x) {
+    const int k = j / 2, half = j & 1;
+    const bool valid = k < b.chunks;
+    float v[kHalf];
 #pragma unroll
-    for (int i = 0; i < L::kUnits; ++i) {
-      const float4 f = load_after_wait(reinterpret_cast<const float4*>(x + k * L::kChunk) + i);
+    for (int i = 0; i < kHalf / 4; ++i) {
+      const float4 f = valid ? load_after_wait(reinterpret_cast<const float4*>(x + k * L::kChunk + half * kHalf) + i)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
     }
     float top = 0.0f, sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < L::kChunk; ++i) top = fmaxf(top, fabsf(v[i])), sum += v[i];
+    for (int i = 0; i < kHalf; ++i) top = fmaxf(top, fabsf(v[i])), sum += v[i];
+    top = fmaxf(top, __shfl_xor_sync(0xFFFFFFFFu, top, 1));
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    sum = half == 0 ? sum + other : other + sum;
+    if (!valid) continue;
     if constexpr (kDigits) {
       // n = 256·h + l with h = round(n / 256): h in [-127, 127], l in [-128, 127]. A non-finite
       // chunk gets no digits; its Σx carries the NaN / infinity into every row's sum.
+      constexpr int kHalfUnits = D::kUnits / 2;
       const float inv = top > 0.0f && top <= 3.4e38f ? D::kLimit / top : 0.0f;
-      uint32_t h[L::kChunk], l[L::kChunk];
+      uint32_t h[kHalf], l[kHalf];
 #pragma unroll
-      for (int i = 0; i < L::kChunk; ++i) {
+      for (int i = 0; i < kHalf; ++i) {
         const int n = min(max(__float2int_rn(v[i] * inv), -D::kLimit), D::kLimit), hi = (n + 128) >> 8;
         h[i] = static_cast<uint32_t>(hi) & 0xFFu, l[i] = static_cast<uint32_t>(n - hi * 256) & 0xFFu;
       }
@@ -309,30 +324,33 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
         return static_cast<int>(d[first] | d[first + stride] << 8 | d[first + 2 * stride] << 16 | d[first + 3 * stride] << 24);
       };
 #pragma unroll
-      for (int u = 0; u < D::kUnits; ++u) {
+      for (int u = 0; u < kHalfUnits; ++u) {
+        int4& unit = xd[D::unit(k, half * kHalfUnits + u)];
         if constexpr (kBits == 4) {
-          xd[D::unit(k, u)] = make_int4(pack(h, 8 * u, 2), pack(h, 8 * u + 1, 2), pack(l, 8 * u, 2), pack(l, 8 * u + 1, 2));
+          unit = make_int4(pack(h, 8 * u, 2), pack(h, 8 * u + 1, 2), pack(l, 8 * u, 2), pack(l, 8 * u + 1, 2));
         } else {
-          xd[D::unit(k, u)] = make_int4(pack(h, 8 * u, 1), pack(l, 8 * u, 1), pack(h, 8 * u + 4, 1), pack(l, 8 * u + 4, 1));
+          unit = make_int4(pack(h, 8 * u, 1), pack(l, 8 * u, 1), pack(h, 8 * u + 4, 1), pack(l, 8 * u + 4, 1));
         }
       }
-      meta[k] = make_float2(top / D::kLimit * (kBits == 4 ? 1.0f / 16.0f : 1.0f), sum);
-      continue;
-    }
-    // |x| < 2^(e − 126) for biased exponent e, so |x|·2^S < 2^126 with S = 252 − e; S ≤ 127 keeps
-    // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite.
-    const int e = static_cast<int>(__float_as_uint(top) >> 23);
-    const int S = min(max(252 - e, 22), 127);
+      if (half == 0) meta[k] = make_float2(top / D::kLimit * (kBits == 4 ? 1.0f / 16.0f : 1.0f), sum);
+    } else {
+      // |x| < 2^(e − 126) for biased exponent e, so |x|·2^S < 2^126 with S = 252 − e; S ≤ 127 keeps
+      // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite. Element e of the chunk sits at bit position
+      // kBits·(e mod kHalfCodes) of its 16-bit half.
+      const int e = static_cast<int>(__float_as_uint(top) >> 23);
+      const int S = min(max(252 - e, 22), 127);
 #pragma unroll
-    for (int i = 0; i < L::kUnits; ++i) {
-      float4 f;
-      f.x = v[4 * i] * pow2(S - kBits * ((4 * i) % L::kHalfCodes));
-      f.y = v[4 * i + 1] * pow2(S - kBits * ((4 * i + 1) % L::kHalfCodes));
-      f.z = v[4 * i + 2] * pow2(S - kBits * ((4 * i + 2) % L::kHalfCodes));
-      f.w = v[4 * i + 3] * pow2(S - kBits * ((4 * i + 3) % L::kHalfCodes));
-      xs[L::unit(k, i)] = f;
+      for (int i = 0; i < kHalf / 4; ++i) {
+        const int first = half * kHalf + 4 * i;
+        float4 f;
+        f.x = v[4 * i] * pow2(S - kBits * (first % L::kHalfCodes));
+        f.y = v[4 * i + 1] * pow2(S - kBits * ((first + 1) % L::kHalfCodes));
+        f.z = v[4 * i + 2] * pow2(S - kBits * ((first + 2) % L::kHalfCodes));
+        f.w = v[4 * i + 3] * pow2(S - kBits * ((first + 3) % L::kHalfCodes));
+        xs[L::unit(k, first / 4)] = f;
+      }
+      if (half == 0) meta[k] = make_float2(pow2(149 - S), sum);
     }
-    meta[k] = make_float2(pow2(149 - S), sum);
   }
   __syncthreads();
   // Two steps in flight per lane: while one is decoded the other (and then its successor) loads.
