@@ -180,7 +180,7 @@ Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers
   std::optional<layers::ForwardContext::PendingNorm> pending;
   auto add_norm = [&](const Tensor& w, bool next_takes_it) {
     if (next_takes_it && !ctx.dump) {
-      pending.emplace(h, delta, w, eps, normed);
+      pending.emplace(layers::ForwardContext::PendingNorm{h, delta, w, eps, normed});
       ctx.pending_norm = &*pending;
     } else {
       ops_.add_rms_norm(h, delta, w, eps, normed);
