@@ -335,8 +335,8 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
       if (half == 0) meta[k] = make_float2(top / D::kLimit * (kBits == 4 ? 1.0f / 16.0f : 1.0f), sum);
     } else {
       // |x| < 2^(e − 126) for biased exponent e, so |x|·2^S < 2^126 with S = 252 − e; S ≤ 127 keeps
-      // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite. Element e of the chunk sits at bit position
-      // kBits·(e mod kHalfCodes) of its 16-bit half.
+      // 2^(S−p) normal, S ≥ 22 keeps 2^(149−S) finite. Element j of the chunk sits at bit position
+      // p = kBits·(j mod kHalfCodes) of its 16-bit half.
       const int e = static_cast<int>(__float_as_uint(top) >> 23);
       const int S = min(max(252 - e, 22), 127);
 #pragma unroll
