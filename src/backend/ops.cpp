@@ -26,6 +26,18 @@ void Ops::linear_many(const Tensor& x, const std::vector<const Weight*>& ws, con
   for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
 }
 
+void Ops::add_rms_norm_linear_many(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y,
+                                   const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys) {
+  add_rms_norm(x, delta, w, eps, y);
+  linear_many(y, ws, ys);
+}
+
+void Ops::add_rms_norm_linear_swiglu(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y,
+                                     const Weight& gate, const Weight& up, Tensor& out) {
+  add_rms_norm(x, delta, w, eps, y);
+  linear_swiglu(y, gate, up, out);
+}
+
 void Ops::linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, Tensor& out) {
   QINFER_CHECK(x.rank() == 2 && gate.shape().size() == 2 && gate.shape() == up.shape(),
                "{} linear_swiglu: gate [{}] and up [{}] must be matrices of one shape, x [T, in]", name(),

@@ -110,6 +110,14 @@ class Ops {
   // x += delta, then y = rms_norm(x) · w (the residual add fused with the next pre-norm).
   // x, delta, y f32 [N,D] (y aliases neither); w f32 [D].
   virtual void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) = 0;
+  // add_rms_norm(x, delta, w, eps, y), then linear_many(y, ws, ys) / linear_swiglu(y, gate, up, out):
+  // a layer's residual add and pre-norm with its first projections, which a device backend may run
+  // as one launch for a decode step (the GEMV's blocks norming the row as they read it); the
+  // defaults call the two ops.
+  virtual void add_rms_norm_linear_many(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y,
+                                        const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys);
+  virtual void add_rms_norm_linear_swiglu(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y,
+                                          const Weight& gate, const Weight& up, Tensor& out);
   // y = rms_norm(x, w) · silu(z). x, z, y f32 [N,D]; w f32 [D].
   virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& y) = 0;
   // y = scale · x / sqrt(Σx² + eps) over the last dim. x, y f32 [N,D] (may alias).

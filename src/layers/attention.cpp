@@ -44,7 +44,7 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
   if (output_gate) {
     // q_proj rows interleave per head: [query(hd) | gate(hd)] for head 0, then head 1, ...
     Tensor q_and_gate = ctx.alloc({T, heads * 2 * hd});
-    ops.linear_many(x, {&q_proj, &k_proj, &v_proj}, {&q_and_gate, &k_flat, &v_flat});
+    ctx.input_linear_many(x, {&q_proj, &k_proj, &v_proj}, {&q_and_gate, &k_flat, &v_flat});
     Tensor per_head = q_and_gate.reshape({T * heads, 2 * hd});
     Tensor q_rows = q.reshape({T * heads, hd});
     gate = ctx.alloc({T * heads, hd});
@@ -53,7 +53,7 @@ void Attention::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const
     gate = gate.reshape({T, heads * hd});
   } else {
     Tensor q_flat = q.reshape({T, heads * hd});
-    ops.linear_many(x, {&q_proj, &k_proj, &v_proj}, {&q_flat, &k_flat, &v_flat});
+    ctx.input_linear_many(x, {&q_proj, &k_proj, &v_proj}, {&q_flat, &k_flat, &v_flat});
   }
 
   KvPool& pool = ctx.cache.kv(kv_index);

@@ -19,6 +19,36 @@ struct ForwardContext {
   // Called with every named intermediate when set (`qinfer eval --dump`), to diff against HF layer by layer.
   std::function<void(const std::string& name, const Tensor& value)> dump;
 
+  // The residual add and pre-norm that produce a layer's input x (the model's add_rms_norm), left
+  // by the model to a layer whose first read of x is one projection op: the layer runs them with
+  // it (input_linear_many / input_linear_swiglu), and x is written by then.
+  struct PendingNorm {
+    Tensor& residual;
+    const Tensor& delta;
+    const Tensor& weight;
+    float eps;
+    Tensor& normed;  // the layer's x
+  };
+  PendingNorm* pending_norm = nullptr;
+  // ops.linear_many(x, ws, ys), with the pending add and norm where x is their output.
+  void input_linear_many(const Tensor& x, const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys) {
+    PendingNorm* p = take_pending(x);
+    if (!p) return ops.linear_many(x, ws, ys);
+    ops.add_rms_norm_linear_many(p->residual, p->delta, p->weight, p->eps, p->normed, ws, ys);
+  }
+  // ops.linear_swiglu(x, gate, up, out), likewise.
+  void input_linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, Tensor& out) {
+    PendingNorm* p = take_pending(x);
+    if (!p) return ops.linear_swiglu(x, gate, up, out);
+    ops.add_rms_norm_linear_swiglu(p->residual, p->delta, p->weight, p->eps, p->normed, gate, up, out);
+  }
+  PendingNorm* take_pending(const Tensor& x) {
+    PendingNorm* p = pending_norm;
+    if (p == nullptr || x.data != p->normed.data) return nullptr;
+    pending_norm = nullptr;
+    return p;
+  }
+
   // Activations: every one is an op's output before it is read.
   Tensor alloc(std::vector<int64_t> shape) { return ops.alloc_output(DType::f32, std::move(shape)); }
   // The name is put together only when dumping: a decode step names hundreds of tensors.

@@ -10,7 +10,7 @@ Mlp Mlp::load(const WeightLoader& w, const std::string& prefix) {
 void Mlp::forward(ForwardContext& ctx, const Tensor& x, Tensor& out) const {
   const int64_t T = x.dim(0), I = gate_proj.shape()[0];
   Tensor act = ctx.alloc({T, I});
-  ctx.ops.linear_swiglu(x, gate_proj, up_proj, act);
+  ctx.input_linear_swiglu(x, gate_proj, up_proj, act);
   ctx.ops.linear(act, down_proj, out);
 }
 

@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include <chrono>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -173,18 +174,34 @@ Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers
   ctx.named("model.embed_tokens", h);
   if (!layers_.empty()) ops_.rms_norm(h, layers_[0].input_norm, eps, normed);
   // Each residual add is fused with the norm that follows it (the next layer's input norm after
-  // the mlp); the last one stands alone, the final norm taking only the selected rows.
+  // the mlp); the last one stands alone, the final norm taking only the selected rows. Where the
+  // next block reads its input first and only through one projection op (attention's q/k/v, the
+  // dense MLP's gate/up), the add and norm are left to that op (ForwardContext::PendingNorm).
+  std::optional<layers::ForwardContext::PendingNorm> pending;
+  auto add_norm = [&](const Tensor& w, bool next_takes_it) {
+    if (next_takes_it && !ctx.dump) {
+      pending.emplace(layers::ForwardContext::PendingNorm{h, delta, w, eps, normed});
+      ctx.pending_norm = &*pending;
+    } else {
+      ops_.add_rms_norm(h, delta, w, eps, normed);
+    }
+  };
+  auto forward = [&](const auto& block) {
+    std::visit([&](const auto& b) { b.forward(ctx, normed, delta); }, block);
+    QINFER_CHECK(ctx.pending_norm == nullptr, "forward: a layer left its input's add and norm undone");
+  };
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DecoderLayer& layer = layers_[i];
     const std::string name = ctx.dump ? fmt::format("model.layers.{}", i) : std::string();
-    std::visit([&](const auto& mixer) { mixer.forward(ctx, normed, delta); }, layer.mixer);
+    forward(layer.mixer);
     reduce(delta);
     ctx.named(name, ".mixer", delta);
-    ops_.add_rms_norm(h, delta, layer.post_attention_norm, eps, normed);
-    std::visit([&](const auto& ffn) { ffn.forward(ctx, normed, delta); }, layer.ffn);
+    add_norm(layer.post_attention_norm, std::holds_alternative<layers::Mlp>(layer.ffn));
+    forward(layer.ffn);
     reduce(delta);
     ctx.named(name, ".mlp", delta);
-    if (i + 1 < layers_.size()) ops_.add_rms_norm(h, delta, layers_[i + 1].input_norm, eps, normed);
+    if (i + 1 < layers_.size())
+      add_norm(layers_[i + 1].input_norm, std::holds_alternative<layers::Attention>(layers_[i + 1].mixer));
     else ops_.add(h, delta);
     ctx.named(name, h);
   }

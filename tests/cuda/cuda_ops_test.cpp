@@ -238,6 +238,54 @@ TEST(CudaOps, FastAffineGemvIsWithinSixteenBitsOfExact) {
   }
 }
 
+// add_rms_norm_linear_many / _swiglu with the add and norm folded into the GEMV's blocks give the
+// separate launches' residual bit for bit, and their normed x and products to the last bits (the
+// fold sums Σx² in another order), at both precisions: 4-bit rows of 4096 and 8-bit of 2048 fold,
+// 4-bit of 4224 (more chunks than pairs of threads) runs the two ops. Three steps each: the last
+// block's count must be left at zero, or later steps would not store the residual.
+TEST(CudaOps, NormFoldedIntoAffineGemvMatchesTheSeparateLaunches) {
+  std::mt19937 rng(17);
+  struct Shape { int bits; int64_t in; };
+  for (const Precision precision : {Precision::exact, Precision::fast}) {
+    auto ops = make_cuda_ops(0, precision);
+    for (const auto [bits, in] : {Shape{4, 4096}, Shape{8, 2048}, Shape{4, 4224}}) {
+      const std::string what =
+          fmt::format("{}-bit in={} {}", bits, in, precision == Precision::fast ? "fast" : "exact");
+      const Weight q = weight_to_device(*ops, affine_weight(rng, bits, 64, 301, in));
+      const Weight k = weight_to_device(*ops, affine_weight(rng, bits, 64, 37, in));
+      const Weight gate = weight_to_device(*ops, affine_weight(rng, bits, 64, 1000, in));
+      const Weight up = weight_to_device(*ops, affine_weight(rng, bits, 64, 1000, in));
+      const Tensor norm_w = to_device(*ops, random_f32(rng, {in}));
+      const Tensor h0 = random_f32(rng, {1, in}, 3.0f);
+      Tensor fused_h = to_device(*ops, h0), split_h = to_device(*ops, h0);
+      auto alloc = [&](int64_t n) { return ops->alloc(DType::f32, {1, n}); };
+      Tensor normed = alloc(in), yq = alloc(301), yk = alloc(37), act = alloc(1000);
+      Tensor want_normed = alloc(in), want_q = alloc(301), want_k = alloc(37), want_act = alloc(1000);
+      for (int step = 0; step < 6; ++step) {
+        const Tensor delta = to_device(*ops, random_f32(rng, {1, in}));
+        if (step % 2 == 0) {
+          ops->add_rms_norm_linear_many(fused_h, delta, norm_w, 1e-6f, normed, {&q, &k}, {&yq, &yk});
+          ops->add_rms_norm(split_h, delta, norm_w, 1e-6f, want_normed);
+          ops->linear_many(want_normed, {&q, &k}, {&want_q, &want_k});
+        } else {
+          ops->add_rms_norm_linear_swiglu(fused_h, delta, norm_w, 1e-6f, normed, gate, up, act);
+          ops->add_rms_norm(split_h, delta, norm_w, 1e-6f, want_normed);
+          ops->linear_swiglu(want_normed, gate, up, want_act);
+        }
+        const Tensor got_h = to_host(fused_h), want_h = to_host(split_h);
+        ASSERT_EQ(std::memcmp(got_h.data, want_h.data, got_h.nbytes()), 0) << what << " step " << step;
+        EXPECT_LT(rel_rms(to_host(normed), to_host(want_normed)), 1e-6) << what << " step " << step;
+        if (step % 2 == 0) {
+          EXPECT_LT(rel_rms(to_host(yq), to_host(want_q)), 2e-5) << what << " step " << step;
+          EXPECT_LT(rel_rms(to_host(yk), to_host(want_k)), 2e-5) << what << " step " << step;
+        } else {
+          EXPECT_LT(rel_rms(to_host(act), to_host(want_act)), 2e-5) << what << " step " << step;
+        }
+      }
+    }
+  }
+}
+
 // Sampling on the device gives sample_rows' ids for every setting: the greedy rule (NaN never wins,
 // ties go to the lowest id, −0 equals +0), penalties, a plain temperature draw (one block of weights
 // comes back), top-k / top-p / min-p from the compacted candidates, and rows where more than the

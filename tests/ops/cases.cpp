@@ -819,6 +819,51 @@ void add_linear_swiglu(std::vector<Case>& cases) {
   }
 }
 
+// A layer's residual add and pre-norm with its first projections (q/k/v, or the MLP's gate/up):
+// one and several tokens, 4-bit rows of 512 to 4224 and dense ones, against the two ops.
+void add_norm_then_linear(std::vector<Case>& cases) {
+  struct Shape { int64_t T, in; bool quantized; };
+  const Shape shapes[] = {{1, 4096, true}, {1, 512, true}, {1, 4224, true}, {2, 512, true}, {1, 256, false}};
+  for (const Shape& s : shapes) {
+    for (const bool swiglu : {false, true}) {
+      cases.push_back({swiglu ? "add_rms_norm_linear_swiglu" : "add_rms_norm_linear_many",
+                       fmt::format("{} T={} in={}", s.quantized ? "affine 4-bit" : "f32", s.T, s.in), [=](Run& r) {
+                         const int64_t rows[2] = {swiglu ? 200 : 96, swiglu ? 200 : 33};
+                         auto make = [&](int64_t n) {
+                           return s.quantized ? random_quantized(r.rng, {quant::Mode::affine, 4, 64}, {n, s.in})
+                                              : Weight(random_tensor(r.rng, DType::f32, {n, s.in}, 0.5f));
+                         };
+                         const Weight w0 = make(rows[0]), w1 = make(rows[1]);
+                         auto on_device = [&](const Weight& w) {
+                           return w.quantized() ? put_weight(r, w) : Weight(r.put(w.dense));
+                         };
+                         const Weight d0 = on_device(w0), d1 = on_device(w1);
+                         Tensor h = random_tensor(r.rng, DType::f32, {s.T, s.in}, 3.0f);
+                         Tensor delta = random_tensor(r.rng, DType::f32, {s.T, s.in});
+                         Tensor norm_w = random_tensor(r.rng, DType::f32, {s.in});
+                         Tensor h_dut = r.put(h);
+                         Tensor normed_ref = host_tensor(DType::f32, {s.T, s.in});
+                         Tensor normed = r.dut.alloc(DType::f32, {s.T, s.in});
+                         Tensor want[2] = {host_tensor(DType::f32, {s.T, rows[0]}), host_tensor(DType::f32, {s.T, rows[1]})};
+                         Tensor got[2] = {r.dut.alloc(DType::f32, {s.T, rows[0]}), r.dut.alloc(DType::f32, {s.T, rows[1]})};
+                         if (swiglu) {
+                           r.ref.add_rms_norm_linear_swiglu(h, delta, norm_w, 1e-6f, normed_ref, w0, w1, want[0]);
+                           r.dut.add_rms_norm_linear_swiglu(h_dut, r.put(delta), r.put(norm_w), 1e-6f, normed, d0, d1,
+                                                            got[0]);
+                         } else {
+                           r.ref.add_rms_norm_linear_many(h, delta, norm_w, 1e-6f, normed_ref, {&w0, &w1},
+                                                          {&want[0], &want[1]});
+                           r.dut.add_rms_norm_linear_many(h_dut, r.put(delta), r.put(norm_w), 1e-6f, normed, {&d0, &d1},
+                                                          {&got[0], &got[1]});
+                         }
+                         r.compare("residual", h_dut, h, 0.0);
+                         r.compare("normed", normed, normed_ref, kTol);
+                         for (int i = 0; i < (swiglu ? 1 : 2); ++i) r.compare(fmt::format("y{}", i), got[i], want[i], kTol);
+                       }});
+    }
+  }
+}
+
 // q/k norms, rotation and the KV write of one attention layer as one op: partial rotary_dim (Qwen3-
 // Next / 3.5), MRoPE sections, GQA, decode and prefill batches over shuffled pages.
 void add_rms_norm_rope_store(std::vector<Case>& cases) {
@@ -881,6 +926,7 @@ std::vector<Case> all_cases() {
   add_linear(cases);
   add_linear_many(cases);
   add_linear_swiglu(cases);
+  add_norm_then_linear(cases);
   add_linear_quantized(cases);
   add_linear_mma(cases);
   add_linear_gemv_affine(cases);

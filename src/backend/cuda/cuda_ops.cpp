@@ -476,6 +476,57 @@ class CudaOps final : public Ops {
     launch_gemv_batch(x.ptr<float>(), T, batch, stream());
   }
 
+  // One decode token: the add and norm folded into the GEMV's blocks (gemv_affine_folds); else the
+  // two ops.
+  void add_rms_norm_linear_many(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y,
+                                const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys) override {
+    check_add_rms_norm(x, delta, w, y);
+    QINFER_CHECK(!ws.empty() && ws.size() <= kMaxGemvMatrices && ws.size() == ys.size(),
+                 "cuda add_rms_norm_linear_many: {} matrices and {} outputs (expected 1 to 4 of each)", ws.size(),
+                 ys.size());
+    if (x.dim(0) == 1) {
+      GemvBatch batch;
+      batch.count = static_cast<int>(ws.size());
+      batch.fast = precision_ == Precision::fast;
+      bool fits = true;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const WeightView v = view("add_rms_norm_linear_many", "w", *ws[i], 2);
+        check_f32("add_rms_norm_linear_many", "y", *ys[i], 2);
+        fits = fits && v.in == x.dim(1) && ys[i]->dim(0) == 1 && ys[i]->dim(1) == v.rows && v.rows > 0 &&
+               ys[i]->data != x.data && ys[i]->data != y.data && ys[i]->data != delta.data;
+        batch.w[i] = v;
+        batch.y[i] = ys[i]->ptr<float>();
+      }
+      enter();
+      if (replaying()) return;
+      batch.fold = fold(x, delta, w, eps, y);
+      if (fits && gemv_affine_folds(batch.fold, batch.w[0]) && try_launch_gemv_affine(y.ptr<float>(), batch, stream()))
+        return;
+    }
+    Ops::add_rms_norm_linear_many(x, delta, w, eps, y, ws, ys);
+  }
+
+  void add_rms_norm_linear_swiglu(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y,
+                                  const Weight& gate, const Weight& up, Tensor& out) override {
+    check_add_rms_norm(x, delta, w, y);
+    if (x.dim(0) == 1) {
+      const WeightView g = view("add_rms_norm_linear_swiglu", "gate", gate, 2);
+      const WeightView u = view("add_rms_norm_linear_swiglu", "up", up, 2);
+      check_f32("add_rms_norm_linear_swiglu", "out", out, 2);
+      const bool fits = g.in == x.dim(1) && g.rows > 0 && out.dim(0) == 1 && out.dim(1) == g.rows &&
+                        out.data != x.data && out.data != y.data && out.data != delta.data &&
+                        gemv_affine_swiglu_fits(y.ptr<float>(), g, u);
+      enter();
+      if (replaying()) return;
+      const NormFold f = fold(x, delta, w, eps, y);
+      if (fits && gemv_affine_folds(f, g)) {
+        launch_gemv_affine_swiglu(y.ptr<float>(), g, u, out.ptr<float>(), precision_ == Precision::fast, f, stream());
+        return;
+      }
+    }
+    Ops::add_rms_norm_linear_swiglu(x, delta, w, eps, y, gate, up, out);
+  }
+
   void linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, Tensor& out) override {
     check_f32("linear_swiglu", "x", x, 2);
     if (x.dim(0) == 1) {
@@ -490,7 +541,7 @@ class CudaOps final : public Ops {
         enter();
         if (replaying()) return;
         if (dense) launch_gemv_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), stream());
-        else launch_gemv_affine_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), precision_ == Precision::fast, stream());
+        else launch_gemv_affine_swiglu(x.ptr<float>(), g, u, out.ptr<float>(), precision_ == Precision::fast, {}, stream());
         return;
       }
     }
@@ -527,13 +578,7 @@ class CudaOps final : public Ops {
   }
 
   void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) override {
-    check_rows("add_rms_norm", x, y);
-    check_f32("add_rms_norm", "delta", delta, 2);
-    check_shape("add_rms_norm", "delta", delta, x.shape);
-    check_f32("add_rms_norm", "w", w, 1);
-    check_shape("add_rms_norm", "w", w, {x.dim(1)});
-    check_distinct("add_rms_norm", "y", y, "x", x);
-    check_distinct("add_rms_norm", "y", y, "delta", delta);
+    check_add_rms_norm(x, delta, w, y);
     enter();
     if (replaying()) return;
     launch_add_rms_norm(x.ptr<float>(), delta.ptr<float>(), w.ptr<float>(), eps, x.dim(0), x.dim(1), y.ptr<float>(),
@@ -1349,6 +1394,24 @@ class CudaOps final : public Ops {
       std::memcpy(static_cast<char*>(dst) + done, readback_host_, n);
     }
     synchronize();
+  }
+
+  void check_add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& w, const Tensor& y) {
+    check_rows("add_rms_norm", x, y);
+    check_f32("add_rms_norm", "delta", delta, 2);
+    check_shape("add_rms_norm", "delta", delta, x.shape);
+    check_f32("add_rms_norm", "w", w, 1);
+    check_shape("add_rms_norm", "w", w, {x.dim(1)});
+    check_distinct("add_rms_norm", "y", y, "x", x);
+    check_distinct("add_rms_norm", "y", y, "delta", delta);
+  }
+
+  // The fold of add_rms_norm(x, delta, w, eps, y) into a one-token GEMV (residual null where the
+  // counter cannot be had: a first step inside a recording).
+  NormFold fold(Tensor& x, const Tensor& delta, const Tensor& w, float eps, Tensor& y) {
+    int* arrivals = decode_arrivals(1);
+    if (!arrivals) return {};
+    return {x.ptr<float>(), delta.ptr<float>(), w.ptr<float>(), y.ptr<float>(), eps, arrivals};
   }
 
   void check_rows(std::string_view op, const Tensor& x, const Tensor& y) {

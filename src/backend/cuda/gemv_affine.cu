@@ -121,6 +121,7 @@ struct AffineBatch {
   float* y[kMaxGemvMatrices];
   int rows[kMaxGemvMatrices];
   int first_group[kMaxGemvMatrices + 1];
+  NormFold fold;  // residual null: x as given
 };
 
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
@@ -290,17 +291,45 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   // half of its elements each, the chunk's largest |x| and its sum (first half + second half)
   // shared between the pair. Measured on an H200 (8B decode): 384 tok/s against 366 with a thread
   // a chunk.
+  //
+  // With a NormFold, x is rms_norm(residual + delta) · weight, which every block computes itself
+  // (one pass: the host checked that the row's pairs fit the block): v = residual + delta, Σv² over
+  // the block, then v · factor · weight. (Its sum order is not add_rms_norm's: the normed values
+  // may differ from that launch's in the last bit.)
+  __shared__ float fold_scratch[kWarp];
+  const NormFold& fold = b.fold;
   constexpr int kHalf = L::kChunk / 2;
   const int pair_slots = (2 * b.chunks + blockDim.x - 1) / blockDim.x * blockDim.x;  // whole pairs a pass
   for (int j = threadIdx.x; j < pair_slots; j += blockDim.x) {
     const int k = j / 2, half = j & 1;
     const bool valid = k < b.chunks;
+    const int first = k * L::kChunk + half * kHalf;  // this thread's first element of x
     float v[kHalf];
 #pragma unroll
     for (int i = 0; i < kHalf / 4; ++i) {
-      const float4 f = valid ? load_after_wait(reinterpret_cast<const float4*>(x + k * L::kChunk + half * kHalf) + i)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float* src = fold.residual ? fold.residual : x;
+      float4 f = valid ? load_after_wait(reinterpret_cast<const float4*>(src + first) + i)
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (fold.residual && valid) {
+        const float4 d = load_after_wait(reinterpret_cast<const float4*>(fold.delta + first) + i);
+        f = make_float4(f.x + d.x, f.y + d.y, f.z + d.z, f.w + d.w);
+      }
       v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+    }
+    if (fold.residual) {
+      float squares = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) squares = fmaf(v[i], v[i], squares);
+      const float factor = 1.0f / sqrtf(block_sum(squares, fold_scratch) / static_cast<float>(b.chunks * L::kChunk) + fold.eps);
+#pragma unroll
+      for (int i = 0; i < kHalf / 4; ++i) {
+        if (!valid) break;
+        const float4 w = __ldg(reinterpret_cast<const float4*>(fold.weight + first) + i);
+        const float4 n = make_float4(v[4 * i] * factor * w.x, v[4 * i + 1] * factor * w.y, v[4 * i + 2] * factor * w.z,
+                                     v[4 * i + 3] * factor * w.w);
+        v[4 * i] = n.x, v[4 * i + 1] = n.y, v[4 * i + 2] = n.z, v[4 * i + 3] = n.w;
+        if (blockIdx.x == 0) reinterpret_cast<float4*>(fold.normed + first)[i] = n;
+      }
     }
     float top = 0.0f, sum = 0.0f;
 #pragma unroll
@@ -353,6 +382,10 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     }
   }
   __syncthreads();
+  // Every thread of this block has read the residual: the last block to count itself stores the
+  // sum (it needs the count only at the end).
+  int ticket = 0;
+  if (fold.residual && threadIdx.x == 0) ticket = atomicAdd(fold.arrivals, 1);
   // Two steps in flight per lane: while one is decoded the other (and then its successor) loads.
   while (more_a) {
     consume(a);
@@ -363,7 +396,19 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     advance(a, task, index);
     more_c = load(task, index, c);
   }
+  __shared__ bool fold_last;
+  if (fold.residual && threadIdx.x == 0) fold_last = ticket == static_cast<int>(gridDim.x) - 1;
   __syncthreads();
+  if (fold.residual && fold_last) {
+    // residual + delta as add_rms_norm stores it; no other block reads the residual any more.
+    const int n4 = b.chunks * L::kChunk / 4;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 r = reinterpret_cast<const float4*>(fold.residual)[i];
+      const float4 d = reinterpret_cast<const float4*>(fold.delta)[i];
+      reinterpret_cast<float4*>(fold.residual)[i] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
+    }
+    if (threadIdx.x == 0) *fold.arrivals = 0;  // ready for the next launch (and replay)
+  }
   // Local row group l's row r: its slices' sums in order.
   auto row_sum = [&](int64_t l, int64_t r) {
     float sum = 0.0f;
@@ -494,11 +539,19 @@ AffineBatch swiglu_batch(const WeightView& gate, const WeightView& up, float* ou
 
 }  // namespace
 
+bool gemv_affine_folds(const NormFold& fold, const WeightView& w) {
+  const int64_t chunks = w.in * w.bits / 128;
+  return fold.residual && fold.arrivals && 2 * chunks <= kWarps * kWarp && aligned16(fold.residual) &&
+         aligned16(fold.delta) && aligned16(fold.weight) && aligned16(fold.normed);
+}
+
 bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t stream) {
   if (batch.count < 1 || batch.count > kMaxGemvMatrices || !aligned16(x)) return false;
   const WeightView& first = batch.w[0];
+  if (batch.fold.residual && !(takes(first, first) && gemv_affine_folds(batch.fold, first))) return false;
   AffineBatch b{};
   b.count = batch.count;
+  b.fold = batch.fold;
   for (int i = 0; i < batch.count; ++i) {
     const WeightView& w = batch.w[i];
     if (!takes(w, first)) return false;
@@ -509,7 +562,7 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
     b.rows[i] = static_cast<int>(w.rows);
   }
   const Plan plan = plan_affine(b, first, batch.fast);
-  if (!plan.fits) return false;
+  if (!plan.fits || (b.fold.residual && plan.blocks == 0)) return false;  // a fold needs a launch
   launch_plan(x, b, first, plan, stream);
   return true;
 }
@@ -521,8 +574,9 @@ bool gemv_affine_swiglu_fits(const float* x, const WeightView& gate, const Weigh
 }
 
 void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out, bool fast,
-                               cudaStream_t stream) {
+                               const NormFold& fold, cudaStream_t stream) {
   AffineBatch b = swiglu_batch(gate, up, out);
+  b.fold = fold;
   const Plan plan = plan_affine(b, gate, fast);
   if (plan.fits) launch_plan(x, b, gate, plan, stream);  // callers asked gemv_affine_swiglu_fits first
 }

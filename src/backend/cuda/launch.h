@@ -43,11 +43,23 @@ void launch_gemv(const float* x, int64_t T, const WeightView& w, float* y, bool 
 // Matrices that read the same x (q/k/v, gate/up, GDN input projections) as one launch: matrix i's
 // rows go to y[i]. A launcher takes all of them or none (false: the caller runs them one by one).
 constexpr int kMaxGemvMatrices = 4;
+// The residual add and RMSNorm that produce a one-token GEMV's x (add_rms_norm_linear_many /
+// _swiglu), folded into it: every block norms the row itself, from residual and delta, as it reads
+// x; block 0 writes normed, and the last block to have read the residual stores residual + delta.
+struct NormFold {
+  float* residual = nullptr;  // null: no fold, x as given
+  const float* delta = nullptr;
+  const float* weight = nullptr;
+  float* normed = nullptr;
+  float eps = 0.0f;
+  int* arrivals = nullptr;  // an int that is zero, and is left zero
+};
 struct GemvBatch {
   int count = 0;
   bool fast = false;  // the fast precision: the affine kernel reads x rounded to 16 bits a chunk
   WeightView w[kMaxGemvMatrices];
   float* y[kMaxGemvMatrices] = {};
+  NormFold fold;  // affine kernel only: try_launch_gemv_affine takes a batch with a fold or nothing
 };
 // y[i] = x · w[i]ᵀ for T ≤ kGemvMaxTokens tokens: one launch where a kernel takes the batch, else
 // launch_gemv per matrix.
@@ -65,7 +77,11 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
 // the affine GEMV takes (the conditions of gemv_affine_swiglu_fits).
 bool gemv_affine_swiglu_fits(const float* x, const WeightView& gate, const WeightView& up);
 void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const WeightView& up, float* out, bool fast,
-                               cudaStream_t stream);
+                               const NormFold& fold, cudaStream_t stream);
+// Whether the affine GEMV folds `fold` into a launch whose first matrix is w: rows of w.in floats,
+// each block's threads two to a 16-byte chunk of codes (w.in ≤ 4096 at 4 bits, 2048 at 8), and
+// 16-byte aligned vectors.
+bool gemv_affine_folds(const NormFold& fold, const WeightView& w);
 // Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo
 // (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the tensor-core GEMM's weight operands.
 // A null lo writes hi alone (the fast precision: one bf16 operand).
