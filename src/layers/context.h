@@ -2,6 +2,7 @@
 // What a layer's forward needs besides its weights: the ops, the batch's sequence layout and
 // positions, and the caches. Built once per forward by the model; layers never see the Batch itself.
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,23 +30,23 @@ struct ForwardContext {
     float eps;
     Tensor& normed;  // the layer's x
   };
-  PendingNorm* pending_norm = nullptr;
+  std::optional<PendingNorm> pending_norm;
   // ops.linear_many(x, ws, ys), with the pending add and norm where x is their output.
   void input_linear_many(const Tensor& x, const std::vector<const Weight*>& ws, const std::vector<Tensor*>& ys) {
-    PendingNorm* p = take_pending(x);
+    const std::optional<PendingNorm> p = take_pending(x);
     if (!p) return ops.linear_many(x, ws, ys);
     ops.add_rms_norm_linear_many(p->residual, p->delta, p->weight, p->eps, p->normed, ws, ys);
   }
   // ops.linear_swiglu(x, gate, up, out), likewise.
   void input_linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, Tensor& out) {
-    PendingNorm* p = take_pending(x);
+    const std::optional<PendingNorm> p = take_pending(x);
     if (!p) return ops.linear_swiglu(x, gate, up, out);
     ops.add_rms_norm_linear_swiglu(p->residual, p->delta, p->weight, p->eps, p->normed, gate, up, out);
   }
-  PendingNorm* take_pending(const Tensor& x) {
-    PendingNorm* p = pending_norm;
-    if (p == nullptr || x.data != p->normed.data) return nullptr;
-    pending_norm = nullptr;
+  std::optional<PendingNorm> take_pending(const Tensor& x) {
+    if (!pending_norm || x.data != pending_norm->normed.data) return std::nullopt;
+    std::optional<PendingNorm> p = std::move(pending_norm);
+    pending_norm.reset();
     return p;
   }
 

@@ -1,7 +1,6 @@
 #include "models/model.h"
 
 #include <chrono>
-#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -177,18 +176,16 @@ Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers
   // the mlp); the last one stands alone, the final norm taking only the selected rows. Where the
   // next block reads its input first and only through one projection op (attention's q/k/v, the
   // dense MLP's gate/up), the add and norm are left to that op (ForwardContext::PendingNorm).
-  std::optional<layers::ForwardContext::PendingNorm> pending;
   auto add_norm = [&](const Tensor& w, bool next_takes_it) {
     if (next_takes_it && !ctx.dump) {
-      pending.emplace(layers::ForwardContext::PendingNorm{h, delta, w, eps, normed});
-      ctx.pending_norm = &*pending;
+      ctx.pending_norm.emplace(layers::ForwardContext::PendingNorm{h, delta, w, eps, normed});
     } else {
       ops_.add_rms_norm(h, delta, w, eps, normed);
     }
   };
   auto forward = [&](const auto& block) {
     std::visit([&](const auto& b) { b.forward(ctx, normed, delta); }, block);
-    QINFER_CHECK(ctx.pending_norm == nullptr, "forward: a layer left its input's add and norm undone");
+    QINFER_CHECK(!ctx.pending_norm, "forward: a layer left its input's add and norm undone");
   };
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DecoderLayer& layer = layers_[i];
