@@ -163,35 +163,48 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   const int64_t group_end = pair * (total * (blockIdx.x + 1) / gridDim.x);
   const int tasks = static_cast<int>((group_end - group0) << b.split_shift);
 
+  // The task whose steps are being loaded: its matrix, first row, rows in the matrix from there
+  // (kRows or fewer) and chunks [begin, end). Set at each task's first step, so the later steps'
+  // loads are a few adds (the task's arithmetic was a third of the kernel's instructions).
+  struct Span {
+    int m, row0, valid, begin, end;
+  } span{};
   // Loads step `index` of `task` (a warp's tasks are warp, warp + kWarps, ...); false past the last.
-  // split is a power of two: the per-step arithmetic is shifts, not 64-bit divisions.
   auto load = [&](int task, int index, Step<Raw>& s) {
     s.task = task, s.index = index, s.c = -1;
     if (task >= tasks) return false;
-    const int group = static_cast<int>(group0) + (task >> b.split_shift);
-    const int slice = task & ((1 << b.split_shift) - 1);
-    int m = 0, group_in_m = group >> 1;
-    if (b.swiglu) {
-      m = group & 1;
-    } else {
-      while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
-      group_in_m = group - b.first_group[m];
+    if (index == 0) {
+      // split is a power of two: shifts, not 64-bit divisions.
+      const int group = static_cast<int>(group0) + (task >> b.split_shift);
+      const int slice = task & ((1 << b.split_shift) - 1);
+      int m = 0, group_in_m = group >> 1;
+      if (b.swiglu) {
+        m = group & 1;
+      } else {
+        while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
+        group_in_m = group - b.first_group[m];
+      }
+      span = {m, group_in_m * kRows, min(b.rows[m] - group_in_m * kRows, kRows), (b.chunks * slice) >> b.split_shift,
+              (b.chunks * (slice + 1)) >> b.split_shift};
     }
-    const int row0 = group_in_m * kRows, last = b.rows[m] - 1;
-    const int end = (b.chunks * (slice + 1)) >> b.split_shift;
-    const int c = ((b.chunks * slice) >> b.split_shift) + lane + kWarp * index;
-    if (c >= end) return true;
+    const int c = span.begin + lane + kWarp * index;
+    if (c >= span.end) return true;
     s.c = c;
-    const char* codes = b.codes[m] + c * 16;
-    const int scale_at = (c * L::kChunk) >> b.group_shift;
-    const Raw* scales = static_cast<const Raw*>(b.scales[m]) + scale_at;
-    const Raw* biases = static_cast<const Raw*>(b.biases[m]) + scale_at;
+    const char* codes = b.codes[span.m] + (static_cast<int64_t>(span.row0) * b.row_bytes + c * 16);
+    const int64_t scale_at = static_cast<int64_t>(span.row0) * b.groups + ((c * L::kChunk) >> b.group_shift);
+    const Raw* scales = static_cast<const Raw*>(b.scales[span.m]) + scale_at;
+    const Raw* biases = static_cast<const Raw*>(b.biases[span.m]) + scale_at;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int row = min(row0 + r, last);  // a short last group re-reads a row
-      load_chunk(codes + static_cast<int64_t>(row) * b.row_bytes, s.raw[r]);
-      s.scale[r] = __ldg(scales + static_cast<int64_t>(row) * b.groups);
-      s.bias[r] = __ldg(biases + static_cast<int64_t>(row) * b.groups);
+      // Rows past the matrix's end (a short last group) load nothing and add zeros.
+      if (r == 0 || r < span.valid) {
+        load_chunk(codes + static_cast<int64_t>(r) * b.row_bytes, s.raw[r]);
+        s.scale[r] = __ldg(scales + static_cast<int64_t>(r) * b.groups);
+        s.bias[r] = __ldg(biases + static_cast<int64_t>(r) * b.groups);
+      } else {
+        s.raw[r][0] = s.raw[r][1] = s.raw[r][2] = s.raw[r][3] = 0u;
+        s.scale[r] = s.bias[r] = Raw{};
+      }
     }
     return true;
   };
