@@ -121,6 +121,7 @@ struct AffineBatch {
   float* y[kMaxGemvMatrices];
   int rows[kMaxGemvMatrices];
   int first_group[kMaxGemvMatrices + 1];
+  int block_units, extra_units;  // units (groups, or swiglu pairs) a block: block_units, +1 in the first extra_units
   NormFold fold;  // residual null: x as given
 };
 
@@ -158,16 +159,22 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   float* partial = reinterpret_cast<float*>(meta + b.chunks);       // tasks × kRows
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   // The block's row groups (whole (gate, up) pairs under swiglu).
-  const int64_t pair = b.swiglu ? 2 : 1, total = b.first_group[b.count] / pair;
-  const int64_t group0 = pair * (total * blockIdx.x / gridDim.x);
-  const int64_t group_end = pair * (total * (blockIdx.x + 1) / gridDim.x);
+  // The host split the launch's units (row groups, or (gate, up) pairs of them) evenly, the first
+  // `extra_units` blocks taking one more: no 64-bit division before the first loads.
+  const int block = static_cast<int>(blockIdx.x), pair = b.swiglu ? 2 : 1;
+  const int64_t group0 = pair * (block * b.block_units + min(block, b.extra_units));
+  const int64_t group_end = group0 + pair * (b.block_units + (block < b.extra_units ? 1 : 0));
   const int tasks = static_cast<int>((group_end - group0) << b.split_shift);
 
-  // The task whose steps are being loaded: its matrix, first row, rows in the matrix from there
-  // (kRows or fewer) and chunks [begin, end). Set at each task's first step, so the later steps'
-  // loads are a few adds (the task's arithmetic was a third of the kernel's instructions).
+  // The task whose steps are being loaded: its first row's codes, scales and biases, its rows in
+  // the matrix from there (kRows or fewer) and its chunks [begin, end). Set at each task's first
+  // step, so the later steps' loads are a few adds (the task's arithmetic was a third of the
+  // kernel's instructions).
   struct Span {
-    int m, row0, valid, begin, end;
+    const char* codes;
+    const Raw* scales;
+    const Raw* biases;
+    int valid, begin, end;
   } span{};
   // Loads step `index` of `task` (a warp's tasks are warp, warp + kWarps, ...); false past the last.
   auto load = [&](int task, int index, Step<Raw>& s) {
@@ -184,16 +191,19 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
         while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
         group_in_m = group - b.first_group[m];
       }
-      span = {m, group_in_m * kRows, min(b.rows[m] - group_in_m * kRows, kRows), (b.chunks * slice) >> b.split_shift,
-              (b.chunks * (slice + 1)) >> b.split_shift};
+      const int row0 = group_in_m * kRows;
+      span = {b.codes[m] + static_cast<int64_t>(row0) * b.row_bytes,
+              static_cast<const Raw*>(b.scales[m]) + static_cast<int64_t>(row0) * b.groups,
+              static_cast<const Raw*>(b.biases[m]) + static_cast<int64_t>(row0) * b.groups,
+              min(b.rows[m] - row0, kRows), (b.chunks * slice) >> b.split_shift, (b.chunks * (slice + 1)) >> b.split_shift};
     }
     const int c = span.begin + lane + kWarp * index;
     if (c >= span.end) return true;
     s.c = c;
-    const char* codes = b.codes[span.m] + (static_cast<int64_t>(span.row0) * b.row_bytes + c * 16);
-    const int64_t scale_at = static_cast<int64_t>(span.row0) * b.groups + ((c * L::kChunk) >> b.group_shift);
-    const Raw* scales = static_cast<const Raw*>(b.scales[span.m]) + scale_at;
-    const Raw* biases = static_cast<const Raw*>(b.biases[span.m]) + scale_at;
+    const char* codes = span.codes + c * 16;
+    const int scale_at = (c * L::kChunk) >> b.group_shift;
+    const Raw* scales = span.scales + scale_at;
+    const Raw* biases = span.biases + scale_at;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       // Rows past the matrix's end (a short last group) load nothing and add zeros.
@@ -312,8 +322,9 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   __shared__ float fold_scratch[kWarp];
   const NormFold& fold = b.fold;
   constexpr int kHalf = L::kChunk / 2;
-  const int pair_slots = (2 * b.chunks + blockDim.x - 1) / blockDim.x * blockDim.x;  // whole pairs a pass
-  for (int j = threadIdx.x; j < pair_slots; j += blockDim.x) {
+  constexpr int kThreads = kWarps * kWarp;
+  const int pair_slots = (2 * b.chunks + kThreads - 1) / kThreads * kThreads;  // whole pairs a pass
+  for (int j = threadIdx.x; j < pair_slots; j += kThreads) {
     const int k = j / 2, half = j & 1;
     const bool valid = k < b.chunks;
     const int first = k * L::kChunk + half * kHalf;  // this thread's first element of x
@@ -415,7 +426,7 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   if (fold.residual && fold_last) {
     // residual + delta as add_rms_norm stores it; no other block reads the residual any more.
     const int n4 = b.chunks * L::kChunk / 4;
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n4; i += kThreads) {
       const float4 r = reinterpret_cast<const float4*>(fold.residual)[i];
       const float4 d = reinterpret_cast<const float4*>(fold.delta)[i];
       reinterpret_cast<float4*>(fold.residual)[i] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
@@ -429,13 +440,13 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     return sum;
   };
   if (b.swiglu) {
-    for (int64_t i = threadIdx.x; i < (group_end - group0) / 2 * kRows; i += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < (group_end - group0) / 2 * kRows; i += kThreads) {
       const int64_t l = 2 * (i / kRows), row = (group0 + l) / 2 * kRows + i % kRows;
       if (row < b.rows[0]) b.y[0][row] = silu(row_sum(l, i % kRows)) * row_sum(l + 1, i % kRows);  // silu_mul's arithmetic
     }
     return;
   }
-  for (int64_t i = threadIdx.x; i < (group_end - group0) * kRows; i += blockDim.x) {
+  for (int64_t i = threadIdx.x; i < (group_end - group0) * kRows; i += kThreads) {
     const int64_t group = group0 + i / kRows;
     int m = 0;
     while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
@@ -518,6 +529,8 @@ Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   const int64_t pair = b.swiglu ? 2 : 1;
   const int64_t blocks = std::clamp<int64_t>(std::min((groups * split + kWarps - 1) / kWarps, groups / pair), 1,
                                              int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>());
+  b.block_units = static_cast<int>(groups / pair / blocks);
+  b.extra_units = static_cast<int>(groups / pair % blocks);
   const int64_t block_groups = pair * ((groups / pair + blocks - 1) / blocks);
   const size_t shared = static_cast<size_t>(first.in * x_bytes(digits) + b.chunks * sizeof(float2) +
                                             block_groups * split * kRows * sizeof(float));
