@@ -2,11 +2,13 @@
 // transfers, copy_columns, bad device-side indices surfacing at the next synchronization, greedy
 // picks on the device, layouts that change between calls, and the chunked delta rule on long
 // sequences with several state-row tiles.
+#include <cuda_runtime.h>
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -238,11 +240,33 @@ TEST(CudaOps, FastAffineGemvIsWithinSixteenBitsOfExact) {
   }
 }
 
+// The kernels `run` enqueues on the ops' stream, counted from a graph captured from it (not run).
+int kernels_enqueued(Ops& ops, const std::function<void()>& run) {
+  cudaStream_t stream = stream_of(ops);
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  run();
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t count = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(count);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
+  int kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    kernels += type == cudaGraphNodeTypeKernel ? 1 : 0;
+  }
+  cudaGraphDestroy(graph);
+  return kernels;
+}
+
 // add_rms_norm_linear_many / _swiglu with the add and norm folded into the GEMV's blocks give the
 // separate launches' residual bit for bit, and their normed x and products to the last bits (the
 // fold sums Σx² in another order), at both precisions: 4-bit rows of 4096 and 8-bit of 2048 fold,
 // 4-bit of 4224 (more chunks than pairs of threads) runs the two ops. Three steps each: the last
-// block's count must be left at zero, or later steps would not store the residual.
+// block's count must be left at zero, or later steps would not store the residual. That the fold
+// runs where it should is seen from the kernels each call enqueues: one, or the two ops' two.
 TEST(CudaOps, NormFoldedIntoAffineGemvMatchesTheSeparateLaunches) {
   std::mt19937 rng(17);
   struct Shape { int bits; int64_t in; };
@@ -282,6 +306,18 @@ TEST(CudaOps, NormFoldedIntoAffineGemvMatchesTheSeparateLaunches) {
           EXPECT_LT(rel_rms(to_host(act), to_host(want_act)), 2e-5) << what << " step " << step;
         }
       }
+      const Tensor delta = to_device(*ops, random_f32(rng, {1, in}));
+      const int folded = in == 4224 ? 2 : 1;
+      EXPECT_EQ(kernels_enqueued(*ops, [&] {
+                  ops->add_rms_norm_linear_many(fused_h, delta, norm_w, 1e-6f, normed, {&q, &k}, {&yq, &yk});
+                }),
+                folded)
+          << what;
+      EXPECT_EQ(kernels_enqueued(*ops, [&] {
+                  ops->add_rms_norm_linear_swiglu(fused_h, delta, norm_w, 1e-6f, normed, gate, up, act);
+                }),
+                folded)
+          << what;
     }
   }
 }
