@@ -520,10 +520,15 @@ Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   // Slices long enough for kMinSteps steps a lane (pipelining needs more than one), at most kWarps.
   int64_t split = 1;
   while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
-  b.steps = static_cast<int>(((b.chunks + split - 1) / split + kWarp - 1) / kWarp);
   for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + (b.rows[i] + kRows - 1) / kRows;
   const int64_t groups = b.first_group[b.count];
   if (groups == 0) return {true, 0, 0};
+  // A matrix too small for a task per warp of the full grid (an attention output projection) takes
+  // shorter slices, down to two steps a lane, while the tasks still fit: more warps in flight.
+  const int64_t grid_warps = int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>() * kWarps;
+  while (split < kWarps && 2 * groups * split <= grid_warps && b.chunks / (2 * split) >= 2 * kWarp)
+    split *= 2, ++b.split_shift;
+  b.steps = static_cast<int>(((b.chunks + split - 1) / split + kWarp - 1) / kWarp);
   // A persistent grid: kBlocksPerSm blocks an SM, fewer where the blocks would get under a task a
   // warp (and under swiglu no more blocks than (gate, up) pairs of row groups).
   const int64_t pair = b.swiglu ? 2 : 1;
