@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
 
   // The task whose steps are being loaded: its first row's codes, scales and biases, its rows in
   // the matrix from there (kRows or fewer) and its chunks [begin, end). Set at each task's first
-  // step, so the later steps' loads are a few adds (the task's arithmetic was a third of the
-  // kernel's instructions).
+  // step, so the later steps' loads are a few adds (worked out at every step, this arithmetic is
+  // about a third of the kernel's instructions).
   struct Span {
     const char* codes;
     const Raw* scales;
