@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/thread_pool.h"
 #include "io/safetensors_writer.h"
 #include "models/registry.h"
 
@@ -71,7 +72,7 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
 }
 
 // Streams one output (its declared tensors, in order) into the shard writer.
-void write_output(io::SafetensorsWriter& writer, const Output& o, ProgressBar& progress) {
+void write_output(io::SafetensorsWriter& writer, const Output& o, ThreadPool& pool, ProgressBar& progress) {
   const io::CanonicalTensor& t = *o.source;
   if (!o.layout) {
     if (t.dtype == o.dtype && !t.add_one && !o.channels_last) {
@@ -103,30 +104,35 @@ void write_output(io::SafetensorsWriter& writer, const Output& o, ProgressBar& p
   const int64_t words = quant::packed_words(in, layout.bits), groups = in / layout.group_size;
   const uint64_t row_bytes = storage_bytes(t.dtype, static_cast<uint64_t>(in));
   const bool affine = layout.mode == quant::Mode::affine;
-  std::vector<uint16_t> scales_out, biases_out;
-  std::vector<uint8_t> scale_codes_out;
+  std::vector<uint16_t> scales_out(affine ? static_cast<size_t>(rows * groups) : 0);
+  std::vector<uint16_t> biases_out(scales_out.size());
+  std::vector<uint8_t> scale_codes_out(affine ? 0 : static_cast<size_t>(rows * groups));
+  // Chunks of ~16 MiB of source rows, their rows quantized in parallel (each row on its own: the
+  // output does not depend on the thread count), written in order.
   const int64_t chunk = std::max<int64_t>(1, (16 << 20) / static_cast<int64_t>(row_bytes));
   std::vector<uint32_t> codes(static_cast<size_t>(chunk * words));
-  std::vector<float> values, scales(groups), biases(groups);
-  std::vector<uint8_t> scale_codes(groups);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r1 = std::min(rows, r0 + chunk);
-    std::vector<std::byte> raw = t.read_range(static_cast<uint64_t>(r0) * row_bytes, (r1 - r0) * row_bytes);
-    values.resize(static_cast<size_t>((r1 - r0) * in));
-    convert_to_f32(t.dtype, raw.data(), values.data(), values.size());
+    const std::vector<std::byte> raw = t.read_range(static_cast<uint64_t>(r0) * row_bytes, (r1 - r0) * row_bytes);
     std::fill(codes.begin(), codes.end(), 0u);
-    for (int64_t r = r0; r < r1; ++r) {
-      quant::quantize_row(layout, values.data() + (r - r0) * in, in, codes.data() + (r - r0) * words, scales.data(),
-                          biases.data(), scale_codes.data());
-      if (affine) {
+    pool.parallel_for(static_cast<size_t>(r1 - r0), [&](size_t begin, size_t end) {
+      std::vector<float> values(static_cast<size_t>(in)), scales(groups), biases(groups);
+      std::vector<uint8_t> scale_codes(groups);
+      for (size_t i = begin; i < end; ++i) {
+        convert_to_f32(t.dtype, raw.data() + i * row_bytes, values.data(), values.size());
+        quant::quantize_row(layout, values.data(), in, codes.data() + i * words, scales.data(), biases.data(),
+                            scale_codes.data());
+        const size_t at = (static_cast<size_t>(r0) + i) * groups;
         for (int64_t g = 0; g < groups; ++g) {
-          scales_out.push_back(f32_to_bf16(scales[g]));
-          biases_out.push_back(f32_to_bf16(biases[g]));
+          if (affine) {
+            scales_out[at + g] = f32_to_bf16(scales[g]);
+            biases_out[at + g] = f32_to_bf16(biases[g]);
+          } else {
+            scale_codes_out[at + g] = scale_codes[g];
+          }
         }
-      } else {
-        scale_codes_out.insert(scale_codes_out.end(), scale_codes.begin(), scale_codes.end());
       }
-    }
+    });
     writer.write(std::as_bytes(std::span(codes.data(), static_cast<size_t>((r1 - r0) * words))));
     progress.advance((r1 - r0) * row_bytes);
   }
@@ -244,7 +250,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
       }
     io::SafetensorsWriter writer(out / file, decl, {{"format", "mlx"}});
     for (const Output* o : shards[s]) {
-      write_output(writer, *o, progress);
+      write_output(writer, *o, options.pool ? *options.pool : global_thread_pool(), progress);
       (o->layout ? report.quantized : report.kept) += 1;
     }
     writer.finish();

@@ -7,12 +7,17 @@
 
 #include "quant/quant.h"
 
+namespace qinfer {
+class ThreadPool;
+}
+
 namespace qinfer::models {
 
 struct QuantizeOptions {
   quant::Layout layout{quant::Mode::affine, 4, 64};
   std::string recipe;  // "", mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6 (affine only)
   uint64_t shard_bytes = 5ull << 30;
+  ThreadPool* pool = nullptr;  // quantizes rows in parallel; null: the process-wide pool
 };
 
 struct QuantizeReport {

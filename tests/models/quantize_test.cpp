@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -112,6 +114,27 @@ TEST(Quantize, KlDivergenceFallsWithEveryExtraBit) {
     const double kl = agreement(reference, logits_of(out.path(), prompt)).kl;
     EXPECT_LT(kl, previous) << bits << " bits";
     previous = kl;
+  }
+}
+
+// Rows are quantized in parallel, each on its own: one thread and three write the same bytes.
+TEST(Quantize, OutputDoesNotDependOnTheThreadCount) {
+  for (const quant::Layout layout : {quant::Layout{quant::Mode::affine, 4, 64}, quant::Layout{quant::Mode::mxfp4, 4, 32}}) {
+    testing::TempDir one, three;
+    ThreadPool pool1(1), pool3(3);
+    QuantizeOptions options;
+    options.layout = layout;
+    options.pool = &pool1;
+    quantize_checkpoint(kGolden / "qwen3_5_moe", one.path(), options);
+    options.pool = &pool3;
+    quantize_checkpoint(kGolden / "qwen3_5_moe", three.path(), options);
+    const auto bytes = [](const std::filesystem::path& file) {
+      std::ifstream in(file, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    const std::string a = bytes(one.path() / "model.safetensors");
+    EXPECT_GT(a.size(), 100000u);
+    EXPECT_EQ(a, bytes(three.path() / "model.safetensors")) << quant::traits(layout.mode).name;
   }
 }
 
