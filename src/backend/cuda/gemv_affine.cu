@@ -158,9 +158,9 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   float2* meta = reinterpret_cast<float2*>(reinterpret_cast<char*>(shared) + b.chunks * L::kChunk * x_bytes(kDigits));
   float* partial = reinterpret_cast<float*>(meta + b.chunks);       // tasks × kRows
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  // The block's row groups (whole (gate, up) pairs under swiglu).
-  // The host split the launch's units (row groups, or (gate, up) pairs of them) evenly, the first
-  // `extra_units` blocks taking one more: no 64-bit division before the first loads.
+  // The block's row groups: the host split the launch's units (row groups, or (gate, up) pairs of
+  // them under swiglu) evenly, the first `extra_units` blocks taking one more, so no 64-bit division
+  // comes before the first loads.
   const int block = static_cast<int>(blockIdx.x), pair = b.swiglu ? 2 : 1;
   const int64_t group0 = pair * (block * b.block_units + min(block, b.extra_units));
   const int64_t group_end = group0 + pair * (b.block_units + (block < b.extra_units ? 1 : 0));
