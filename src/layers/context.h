@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "backend/ops.h"
 #include "cache/cache.h"
@@ -45,9 +46,7 @@ struct ForwardContext {
   }
   std::optional<PendingNorm> take_pending(const Tensor& x) {
     if (!pending_norm || x.data != pending_norm->normed.data) return std::nullopt;
-    std::optional<PendingNorm> p = std::move(pending_norm);
-    pending_norm.reset();
-    return p;
+    return std::exchange(pending_norm, std::nullopt);
   }
 
   // Activations: every one is an op's output before it is read.

@@ -4,13 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
-#include <iterator>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "models/eval.h"
 #include "models/quantize.h"
+#include "support/run_command.h"
 #include "support/safetensors_writer.h"
 
 namespace qinfer::models {
@@ -128,13 +127,9 @@ TEST(Quantize, OutputDoesNotDependOnTheThreadCount) {
     quantize_checkpoint(kGolden / "qwen3_5_moe", one.path(), options);
     options.pool = &pool3;
     quantize_checkpoint(kGolden / "qwen3_5_moe", three.path(), options);
-    const auto bytes = [](const std::filesystem::path& file) {
-      std::ifstream in(file, std::ios::binary);
-      return std::string(std::istreambuf_iterator<char>(in), {});
-    };
-    const std::string a = bytes(one.path() / "model.safetensors");
+    const std::string a = testing::read_text(one.path() / "model.safetensors");
     EXPECT_GT(a.size(), 100000u);
-    EXPECT_EQ(a, bytes(three.path() / "model.safetensors")) << quant::traits(layout.mode).name;
+    EXPECT_EQ(a, testing::read_text(three.path() / "model.safetensors")) << quant::traits(layout.mode).name;
   }
 }
 
