@@ -525,15 +525,16 @@ Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   if (groups == 0) return {true, 0, 0};
   // A matrix too small for a task per warp of the full grid (an attention output projection) takes
   // shorter slices, down to two steps a lane, while the tasks still fit: more warps in flight.
-  const int64_t grid_warps = int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>() * kWarps;
+  const int64_t grid_blocks = int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>();
+  const int64_t grid_warps = grid_blocks * kWarps;
   while (split < kWarps && 2 * groups * split <= grid_warps && b.chunks / (2 * split) >= 2 * kWarp)
     split *= 2, ++b.split_shift;
   b.steps = static_cast<int>(((b.chunks + split - 1) / split + kWarp - 1) / kWarp);
   // A persistent grid: kBlocksPerSm blocks an SM, fewer where the blocks would get under a task a
   // warp (and under swiglu no more blocks than (gate, up) pairs of row groups).
   const int64_t pair = b.swiglu ? 2 : 1;
-  const int64_t blocks = std::clamp<int64_t>(std::min((groups * split + kWarps - 1) / kWarps, groups / pair), 1,
-                                             int64_t{kBlocksPerSm} * device_attribute<cudaDevAttrMultiProcessorCount>());
+  const int64_t blocks =
+      std::clamp<int64_t>(std::min((groups * split + kWarps - 1) / kWarps, groups / pair), 1, grid_blocks);
   b.block_units = static_cast<int>(groups / pair / blocks);
   b.extra_units = static_cast<int>(groups / pair % blocks);
   const int64_t block_groups = pair * ((groups / pair + blocks - 1) / blocks);
