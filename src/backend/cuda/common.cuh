@@ -97,6 +97,12 @@ __device__ __forceinline__ float load_after_wait(const float* p) {
   return v;
 }
 
+__device__ __forceinline__ int32_t load_after_wait(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ float2 load_after_wait(const float2* p) {
   float2 v;
   asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));

@@ -816,9 +816,19 @@ class CudaOps final : public Ops {
         E <= kMoeGroupedMaxExperts)
       return moe_grouped(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
                          out.ptr<float>());
-    Scratch act = scratch(static_cast<size_t>(T * k * I) * sizeof(float));
-    launch_moe_experts(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
-                       act.as<float>(), out.ptr<float>(), status_, stream());
+    // MLX affine experts go through the affine GEMV (x read as the dense one-token GEMVs read it,
+    // every slot's rows in one launch) where their layout and the batch fit it; the rest, and what
+    // it does not take, through the per-row kernels.
+    const size_t act_bytes = (static_cast<size_t>(T * k * I) * sizeof(float) + 15) / 16 * 16;
+    const bool affine = g.quantized && g.mode == quant::Mode::affine;
+    Scratch work = scratch(act_bytes + (affine ? static_cast<size_t>(T * k * H) * sizeof(float) : 0));
+    float* act = work.as<float>();
+    if (affine && try_launch_moe_affine(x.ptr<float>(), T, k, E, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d, act,
+                                        reinterpret_cast<float*>(work.as<char>() + act_bytes), out.ptr<float>(),
+                                        precision_ == Precision::fast, status_, stream()))
+      return;
+    launch_moe_experts(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d, act,
+                       out.ptr<float>(), status_, stream());
   }
 
   // moe_experts grouped by expert, per chunk of tokens: the slots sorted by expert on the device and

@@ -1,5 +1,7 @@
 // One-token GEMV for MLX affine 4/8-bit weights: y[row] = Σ_groups s·Σq·x + b·Σx, read at HBM speed;
-// several matrices reading the same x (q/k/v, gate/up) share one launch.
+// several matrices reading the same x (q/k/v, gate/up) share one launch. The routed experts of a
+// decode batch run on it too: every (token, expert) slot's gate and up in one launch, every slot's
+// down rows in another, each task picking its expert's rows from the routing ids on the device.
 //
 // A code masked in place at bit p (< 16) of a 16-bit half of its word is, as f32 bits, the denormal
 // q·2^(p−149): exact, one AND per element and no offset to subtract. x is read with each element
@@ -123,7 +125,33 @@ struct AffineBatch {
   int first_group[kMaxGemvMatrices + 1];
   int block_units, extra_units;  // units (groups, or swiglu pairs) a block: block_units, +1 in the first extra_units
   NormFold fold;  // residual null: x as given
+  // Routed experts (moe_experts): each matrix (gate and up under swiglu, else down) is a stack of
+  // `experts` blocks of rows[m] rows, and the launch runs `slots` of them, slot s taking block
+  // expert_ids[s] (a bad id is reported and reads block 0). A matrix's row groups are slot-major,
+  // expert_groups a slot; slot s's rows go to y[m] + s·rows[m]. x holds a row of `chunks` chunks
+  // per x_slot_div slots (gate / up: a token's k slots share its x; down: a row per slot).
+  const int32_t* expert_ids;  // null: plain matrices
+  int experts, slots, expert_groups, x_slot_div;
+  DeviceStatus* status;
+  int x_chunks;  // chunks of x: `chunks`, or a row per x_slot_div slots
 };
+
+// Row group `group` of a launch: its matrix, routed slot (0 without experts) and row group within
+// the matrix (with experts: within the slot's expert).
+struct GroupAt {
+  int m, slot, group;
+};
+__device__ __forceinline__ GroupAt locate(const AffineBatch& b, int group) {
+  GroupAt at{0, 0, group};
+  if (b.swiglu) {
+    at.m = group & 1, at.group = group >> 1;
+  } else if (!b.expert_ids) {
+    while (at.m + 1 < b.count && group >= b.first_group[at.m + 1]) ++at.m;
+    at.group = group - b.first_group[at.m];
+  }
+  if (b.expert_ids) at.slot = at.group / b.expert_groups, at.group -= at.slot * b.expert_groups;
+  return at;
+}
 
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
 
@@ -155,8 +183,8 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   float4* xs = shared;                              // exact: chunks × L::kUnits pre-scaled x, swizzled
   int4* xd = reinterpret_cast<int4*>(shared);       // fast: chunks × D::kUnits digits, swizzled
   // Per chunk: exact (2^(149−S), Σx); fast (sx, Σx), sx / 16 for 4-bit (its odd codes count 16×).
-  float2* meta = reinterpret_cast<float2*>(reinterpret_cast<char*>(shared) + b.chunks * L::kChunk * x_bytes(kDigits));
-  float* partial = reinterpret_cast<float*>(meta + b.chunks);       // tasks × kRows
+  float2* meta = reinterpret_cast<float2*>(reinterpret_cast<char*>(shared) + b.x_chunks * L::kChunk * x_bytes(kDigits));
+  float* partial = reinterpret_cast<float*>(meta + b.x_chunks);     // tasks × kRows
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   // The block's row groups: the host split the launch's units (row groups, or (gate, up) pairs of
   // them under swiglu) evenly, the first `extra_units` blocks taking one more, so no 64-bit division
@@ -167,14 +195,14 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   const int tasks = static_cast<int>((group_end - group0) << b.split_shift);
 
   // The task whose steps are being loaded: its first row's codes, scales and biases, its rows in
-  // the matrix from there (kRows or fewer) and its chunks [begin, end). Set at each task's first
-  // step, so the later steps' loads are a few adds (worked out at every step, this arithmetic is
-  // about a third of the kernel's instructions).
+  // the matrix from there (kRows or fewer), its chunks [begin, end) and its x row's first chunk.
+  // Set at each task's first step, so the later steps' loads are a few adds (worked out at every
+  // step, this arithmetic is about a third of the kernel's instructions).
   struct Span {
     const char* codes;
     const Raw* scales;
     const Raw* biases;
-    int valid, begin, end;
+    int valid, begin, end, x0;
   } span{};
   // Loads step `index` of `task` (a warp's tasks are warp, warp + kWarps, ...); false past the last.
   auto load = [&](int task, int index, Step<Raw>& s) {
@@ -182,24 +210,27 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     if (task >= tasks) return false;
     if (index == 0) {
       // split is a power of two: shifts, not 64-bit divisions.
-      const int group = static_cast<int>(group0) + (task >> b.split_shift);
+      const GroupAt at = locate(b, static_cast<int>(group0) + (task >> b.split_shift));
       const int slice = task & ((1 << b.split_shift) - 1);
-      int m = 0, group_in_m = group >> 1;
-      if (b.swiglu) {
-        m = group & 1;
-      } else {
-        while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
-        group_in_m = group - b.first_group[m];
+      const int row0 = at.group * kRows;
+      int64_t first_row = row0;
+      int x0 = 0;
+      if (b.expert_ids) {
+        int expert = load_after_wait(b.expert_ids + at.slot);
+        if (expert < 0 || expert >= b.experts) {
+          if (lane == 0) report(b.status, kStatusExpertId, at.slot, expert, b.experts);
+          expert = 0;
+        }
+        first_row += static_cast<int64_t>(expert) * b.rows[at.m];
+        x0 = at.slot / b.x_slot_div * b.chunks;
       }
-      const int row0 = group_in_m * kRows;
-      span = {b.codes[m] + static_cast<int64_t>(row0) * b.row_bytes,
-              static_cast<const Raw*>(b.scales[m]) + static_cast<int64_t>(row0) * b.groups,
-              static_cast<const Raw*>(b.biases[m]) + static_cast<int64_t>(row0) * b.groups,
-              min(b.rows[m] - row0, kRows), (b.chunks * slice) >> b.split_shift, (b.chunks * (slice + 1)) >> b.split_shift};
+      span = {b.codes[at.m] + first_row * b.row_bytes, static_cast<const Raw*>(b.scales[at.m]) + first_row * b.groups,
+              static_cast<const Raw*>(b.biases[at.m]) + first_row * b.groups, min(b.rows[at.m] - row0, kRows),
+              (b.chunks * slice) >> b.split_shift, (b.chunks * (slice + 1)) >> b.split_shift, x0};
     }
     const int c = span.begin + lane + kWarp * index;
     if (c >= span.end) return true;
-    s.c = c;
+    s.c = span.x0 + c;  // consume reads x's chunk
     const char* codes = span.codes + c * 16;
     const int scale_at = (c * L::kChunk) >> b.group_shift;
     const Raw* scales = span.scales + scale_at;
@@ -301,8 +332,10 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
     }
   };
 
-  // The first two steps' codes are on their way before x (the previous kernel's output) is read.
+  // The first two steps' codes are on their way before x (the previous kernel's output) is read;
+  // routed experts wait first, for the ids that say which codes to read.
   allow_next_kernel();
+  if (b.expert_ids) wait_for_previous_kernel();
   Step<Raw> a, c;
   int task = warp, index = 0;
   bool more_a = load(task, index, a);
@@ -323,10 +356,10 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   const NormFold& fold = b.fold;
   constexpr int kHalf = L::kChunk / 2;
   constexpr int kThreads = kWarps * kWarp;
-  const int pair_slots = (2 * b.chunks + kThreads - 1) / kThreads * kThreads;  // whole pairs a pass
+  const int pair_slots = (2 * b.x_chunks + kThreads - 1) / kThreads * kThreads;  // whole pairs a pass
   for (int j = threadIdx.x; j < pair_slots; j += kThreads) {
     const int k = j / 2, half = j & 1;
-    const bool valid = k < b.chunks;
+    const bool valid = k < b.x_chunks;
     const int first = k * L::kChunk + half * kHalf;  // this thread's first element of x
     float v[kHalf];
 #pragma unroll
@@ -441,18 +474,19 @@ __global__ void __launch_bounds__(kWarps* kWarp, kBlocksPerSm)
   };
   if (b.swiglu) {
     for (int64_t i = threadIdx.x; i < (group_end - group0) / 2 * kRows; i += kThreads) {
-      const int64_t l = 2 * (i / kRows), row = (group0 + l) / 2 * kRows + i % kRows;
-      if (row < b.rows[0]) b.y[0][row] = silu(row_sum(l, i % kRows)) * row_sum(l + 1, i % kRows);  // silu_mul's arithmetic
+      const int64_t l = 2 * (i / kRows);
+      const GroupAt at = locate(b, static_cast<int>(group0 + l));
+      const int64_t row = int64_t{at.group} * kRows + i % kRows;
+      if (row < b.rows[0])  // silu_mul's arithmetic
+        b.y[0][int64_t{at.slot} * b.rows[0] + row] = silu(row_sum(l, i % kRows)) * row_sum(l + 1, i % kRows);
     }
     return;
   }
   for (int64_t i = threadIdx.x; i < (group_end - group0) * kRows; i += kThreads) {
-    const int64_t group = group0 + i / kRows;
-    int m = 0;
-    while (m + 1 < b.count && group >= b.first_group[m + 1]) ++m;
-    const int64_t row = (group - b.first_group[m]) * kRows + i % kRows;
-    if (row >= b.rows[m]) continue;
-    b.y[m][row] = row_sum(i / kRows, i % kRows);
+    const GroupAt at = locate(b, static_cast<int>(group0 + i / kRows));
+    const int64_t row = int64_t{at.group} * kRows + i % kRows;
+    if (row >= b.rows[at.m]) continue;
+    b.y[at.m][int64_t{at.slot} * b.rows[at.m] + row] = row_sum(i / kRows, i % kRows);
   }
 }
 
@@ -520,7 +554,9 @@ Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   // Slices long enough for kMinSteps steps a lane (pipelining needs more than one), at most kWarps.
   int64_t split = 1;
   while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
-  for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + (b.rows[i] + kRows - 1) / kRows;
+  const int per_matrix = b.expert_ids ? b.slots : 1;  // routed experts: a block of rows per slot
+  for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + per_matrix * ((b.rows[i] + kRows - 1) / kRows);
+  b.x_chunks = b.chunks * (b.expert_ids ? b.slots / b.x_slot_div : 1);
   const int64_t groups = b.first_group[b.count];
   if (groups == 0) return {true, 0, 0};
   // A matrix too small for a task per warp of the full grid (an attention output projection) takes
@@ -538,7 +574,7 @@ Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   b.block_units = static_cast<int>(groups / pair / blocks);
   b.extra_units = static_cast<int>(groups / pair % blocks);
   const int64_t block_groups = pair * ((groups / pair + blocks - 1) / blocks);
-  const size_t shared = static_cast<size_t>(first.in * x_bytes(digits) + b.chunks * sizeof(float2) +
+  const size_t shared = static_cast<size_t>(int64_t{b.x_chunks} * 128 / first.bits * x_bytes(digits) + b.x_chunks * sizeof(float2) +
                                             block_groups * split * kRows * sizeof(float));
   if (shared > static_cast<size_t>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return {};
   return {true, static_cast<unsigned>(blocks), shared, digits};
@@ -596,6 +632,42 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
   const Plan plan = plan_affine(b, first, batch.fast);
   if (!plan.fits || (b.fold.residual && plan.blocks == 0)) return false;  // a fold needs a launch
   launch_plan(x, b, first, plan, stream);
+  return true;
+}
+
+bool try_launch_moe_affine(const float* x, int64_t T, int64_t k, int64_t E, const int32_t* ids, const float* weights,
+                           const WeightView& gate, const WeightView& up, const WeightView& down, float* act,
+                           float* down_rows, float* out, bool fast, DeviceStatus* status, cudaStream_t stream) {
+  const int64_t slots = T * k;
+  if (T < 1 || k < 1 || E < 1 || !aligned16(x) || !aligned16(act)) return false;
+  if (!takes(gate, gate) || !takes(up, gate) || !takes(down, down) || up.rows != gate.rows) return false;
+  if (gate.rows % E != 0 || down.rows % E != 0 || down.in != gate.rows / E || gate.in != down.rows / E) return false;
+  const int64_t I = gate.rows / E, H = down.rows / E;
+  // The kernel's 32-bit row group and x chunk indices.
+  if (slots * 2 * ((std::max(I, H) + kRows - 1) / kRows) >= (int64_t{1} << 30) || slots * std::max(I, H) >= (int64_t{1} << 30))
+    return false;
+  AffineBatch gate_up = swiglu_batch(gate, up, act);
+  AffineBatch downs{};
+  downs.count = 1;
+  downs.codes[0] = static_cast<const char*>(down.data);
+  downs.scales[0] = down.scales;
+  downs.biases[0] = down.biases;
+  downs.y[0] = down_rows;
+  for (AffineBatch* b : {&gate_up, &downs}) {
+    b->expert_ids = ids, b->status = status;
+    b->experts = static_cast<int>(E), b->slots = static_cast<int>(slots);
+  }
+  gate_up.rows[0] = gate_up.rows[1] = static_cast<int>(I);
+  gate_up.expert_groups = static_cast<int>((I + kRows - 1) / kRows);
+  gate_up.x_slot_div = static_cast<int>(k);  // a token's slots share its x
+  downs.rows[0] = static_cast<int>(H);
+  downs.expert_groups = static_cast<int>((H + kRows - 1) / kRows);
+  downs.x_slot_div = 1;  // each slot its own activation row
+  const Plan gate_up_plan = plan_affine(gate_up, gate, fast), down_plan = plan_affine(downs, down, fast);
+  if (!gate_up_plan.fits || !down_plan.fits) return false;
+  launch_plan(x, gate_up, gate, gate_up_plan, stream);
+  launch_plan(act, downs, down, down_plan, stream);
+  launch_moe_combine(down_rows, nullptr, weights, T, k, H, out, stream);
   return true;
 }
 

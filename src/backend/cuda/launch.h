@@ -82,6 +82,14 @@ void launch_gemv_affine_swiglu(const float* x, const WeightView& gate, const Wei
 // each block's threads two to a 16-byte chunk of codes (w.in ≤ 4096 at 4 bits, 2048 at 8), and
 // 16-byte aligned vectors.
 bool gemv_affine_folds(const NormFold& fold, const WeightView& w);
+// moe_experts through the affine GEMV, for decode-sized batches of MLX affine 4/8-bit experts (gate,
+// up: [E·I, H] views; down: [E·H, I]): one launch for every slot's silu(gate)·up into act [T·k, I],
+// one for every slot's down row into down_rows [T·k, H], then launch_moe_combine. Bad ids are
+// reported (kStatusExpertId). False, with nothing launched, where the kernel does not take the
+// weights or the batch's x and activations do not fit its shared memory.
+bool try_launch_moe_affine(const float* x, int64_t T, int64_t k, int64_t E, const int32_t* ids, const float* weights,
+                           const WeightView& gate, const WeightView& up, const WeightView& down, float* act,
+                           float* down_rows, float* out, bool fast, DeviceStatus* status, cudaStream_t stream);
 // Rows row0 .. row0 + rows of w, each value v (as Weight::row_f32 gives it) as a bf16 pair hi + lo
 // (hi = bf16(v), lo = bf16(v − hi); each bf16 [rows, in]): the tensor-core GEMM's weight operands.
 // A null lo writes hi alone (the fast precision: one bf16 operand).
@@ -216,7 +224,8 @@ void launch_moe_gather(const float* x, int64_t H, int64_t k, int64_t slots, cons
 // stacked: each is the sum of rows r and rows + r.
 void launch_moe_silu_mul(const float* gate, const float* up, int64_t ld, int64_t rows, int64_t I, bool stacked,
                          void* hi, void* lo, cudaStream_t stream);
-// out [T, H] = Σ_j weights[t, j] · down_rows[slot_row[t·k + j]], summed in j order.
+// out [T, H] = Σ_j weights[t, j] · down_rows[slot_row[t·k + j]], summed in j order (slot_row null:
+// row t·k + j).
 void launch_moe_combine(const float* down_rows, const int32_t* slot_row, const float* weights, int64_t T, int64_t k,
                         int64_t H, float* out, cudaStream_t stream);
 

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kRowThreads) moe_combine_kernel(const float* _
     for (int64_t o = threadIdx.x; o < H; o += blockDim.x) {
       float total = 0.0f;
       for (int64_t j = 0; j < k; ++j) {
-        const int32_t row = slot_row[t * k + j];
+        const int32_t row = slot_row ? slot_row[t * k + j] : static_cast<int32_t>(t * k + j);
         if (row >= 0) total += weights[t * k + j] * down_rows[static_cast<int64_t>(row) * H + o];
       }
       out[t * H + o] = total;
