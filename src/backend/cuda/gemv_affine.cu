@@ -131,9 +131,10 @@ struct AffineBatch {
   // expert_groups a slot; slot s's rows go to y[m] + s·rows[m]. x holds a row of `chunks` chunks
   // per x_slot_div slots (gate / up: a token's k slots share its x; down: a row per slot).
   const int32_t* expert_ids;  // null: plain matrices
-  int experts, slots, expert_groups, x_slot_div;
+  int experts, slots, x_slot_div;
+  int expert_groups;  // set by plan_affine
   DeviceStatus* status;
-  int x_chunks;  // chunks of x: `chunks`, or a row per x_slot_div slots
+  int x_chunks;  // set by plan_affine: `chunks`, or a row per x_slot_div slots
 };
 
 // Row group `group` of a launch: its matrix, routed slot (0 without experts) and row group within
@@ -556,6 +557,7 @@ Plan plan_affine(AffineBatch& b, const WeightView& first, bool digits) {
   while (split < kWarps && b.chunks / (2 * split) >= int64_t{kMinSteps} * kWarp) split *= 2, ++b.split_shift;
   const int per_matrix = b.expert_ids ? b.slots : 1;  // routed experts: a block of rows per slot
   for (int i = 0; i < b.count; ++i) b.first_group[i + 1] = b.first_group[i] + per_matrix * ((b.rows[i] + kRows - 1) / kRows);
+  b.expert_groups = (b.rows[0] + kRows - 1) / kRows;  // with experts, every matrix's rows are an expert's
   b.x_chunks = b.chunks * (b.expert_ids ? b.slots / b.x_slot_div : 1);
   const int64_t groups = b.first_group[b.count];
   if (groups == 0) return {true, 0, 0};
@@ -590,18 +592,21 @@ void launch_plan(const float* x, const AffineBatch& b, const WeightView& first, 
 }
 
 // The (gate, up) batch of the fused SwiGLU.
+// Matrix i of b: w, its rows going to y.
+void set_matrix(AffineBatch& b, int i, const WeightView& w, float* y) {
+  b.codes[i] = static_cast<const char*>(w.data);
+  b.scales[i] = w.scales;
+  b.biases[i] = w.biases;
+  b.y[i] = y;
+  b.rows[i] = static_cast<int>(w.rows);
+}
+
 AffineBatch swiglu_batch(const WeightView& gate, const WeightView& up, float* out) {
   AffineBatch b{};
   b.count = 2;
   b.swiglu = true;
-  const WeightView* w[2] = {&gate, &up};
-  for (int i = 0; i < 2; ++i) {
-    b.codes[i] = static_cast<const char*>(w[i]->data);
-    b.scales[i] = w[i]->scales;
-    b.biases[i] = w[i]->biases;
-    b.y[i] = out;
-    b.rows[i] = static_cast<int>(w[i]->rows);
-  }
+  set_matrix(b, 0, gate, out);
+  set_matrix(b, 1, up, out);
   return b;
 }
 
@@ -623,11 +628,7 @@ bool try_launch_gemv_affine(const float* x, const GemvBatch& batch, cudaStream_t
   for (int i = 0; i < batch.count; ++i) {
     const WeightView& w = batch.w[i];
     if (!takes(w, first)) return false;
-    b.codes[i] = static_cast<const char*>(w.data);
-    b.scales[i] = w.scales;
-    b.biases[i] = w.biases;
-    b.y[i] = batch.y[i];
-    b.rows[i] = static_cast<int>(w.rows);
+    set_matrix(b, i, w, batch.y[i]);
   }
   const Plan plan = plan_affine(b, first, batch.fast);
   if (!plan.fits || (b.fold.residual && plan.blocks == 0)) return false;  // a fold needs a launch
@@ -643,25 +644,20 @@ bool try_launch_moe_affine(const float* x, int64_t T, int64_t k, int64_t E, cons
   if (!takes(gate, gate) || !takes(up, gate) || !takes(down, down) || up.rows != gate.rows) return false;
   if (gate.rows % E != 0 || down.rows % E != 0 || down.in != gate.rows / E || gate.in != down.rows / E) return false;
   const int64_t I = gate.rows / E, H = down.rows / E;
-  // The kernel's 32-bit row group and x chunk indices.
-  if (slots * 2 * ((std::max(I, H) + kRows - 1) / kRows) >= (int64_t{1} << 30) || slots * std::max(I, H) >= (int64_t{1} << 30))
-    return false;
+  // The kernel's 32-bit x chunk and row group indices (row groups: 2·slots·⌈rows / kRows⌉, fewer
+  // than slots·rows for rows of at least 32 elements, which takes() holds to).
+  if (slots * std::max(I, H) >= (int64_t{1} << 30)) return false;
   AffineBatch gate_up = swiglu_batch(gate, up, act);
   AffineBatch downs{};
   downs.count = 1;
-  downs.codes[0] = static_cast<const char*>(down.data);
-  downs.scales[0] = down.scales;
-  downs.biases[0] = down.biases;
-  downs.y[0] = down_rows;
+  set_matrix(downs, 0, down, down_rows);
   for (AffineBatch* b : {&gate_up, &downs}) {
     b->expert_ids = ids, b->status = status;
     b->experts = static_cast<int>(E), b->slots = static_cast<int>(slots);
   }
-  gate_up.rows[0] = gate_up.rows[1] = static_cast<int>(I);
-  gate_up.expert_groups = static_cast<int>((I + kRows - 1) / kRows);
+  gate_up.rows[0] = gate_up.rows[1] = static_cast<int>(I);  // an expert's rows
   gate_up.x_slot_div = static_cast<int>(k);  // a token's slots share its x
   downs.rows[0] = static_cast<int>(H);
-  downs.expert_groups = static_cast<int>((H + kRows - 1) / kRows);
   downs.x_slot_div = 1;  // each slot its own activation row
   const Plan gate_up_plan = plan_affine(gate_up, gate, fast), down_plan = plan_affine(downs, down, fast);
   if (!gate_up_plan.fits || !down_plan.fits) return false;
