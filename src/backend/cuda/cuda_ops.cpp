@@ -230,6 +230,8 @@ class Scratch {
 
 constexpr size_t kGemmScratchElements = size_t{64} << 20;  // dequantized bf16 weight rows per GEMM pass (128 MiB)
 
+constexpr int64_t round_up(int64_t n, int64_t align) { return (n + align - 1) / align * align; }
+
 class CudaOps final : public Ops {
  public:
   CudaOps(int device, Precision precision) : precision_(precision) {
@@ -819,7 +821,7 @@ class CudaOps final : public Ops {
     // MLX affine experts go through the affine GEMV (x read as the dense one-token GEMVs read it,
     // every slot's rows in one launch) where their layout and the batch fit it; the rest, and what
     // it does not take, through the per-row kernels.
-    const size_t act_bytes = (static_cast<size_t>(T * k * I) * sizeof(float) + 15) / 16 * 16;
+    const size_t act_bytes = static_cast<size_t>(round_up(T * k * I, 4)) * sizeof(float);  // down rows 16-byte aligned after
     const bool affine = g.quantized && g.mode == quant::Mode::affine;
     Scratch work = scratch(act_bytes + (affine ? static_cast<size_t>(T * k * H) * sizeof(float) : 0));
     float* act = work.as<float>();
@@ -840,7 +842,6 @@ class CudaOps final : public Ops {
   void moe_grouped(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, const int32_t* ids,
                    const float* weights, const WeightView& gate, const WeightView& up, const WeightView& down,
                    float* out) {
-    const auto round_up = [](int64_t n, int64_t align) { return (n + align - 1) / align * align; };
     const auto bf16 = [](const WeightView& w) { return !w.quantized && w.dtype == DType::bf16; };
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 0; };
     const bool pairs = precision_ == Precision::exact;
