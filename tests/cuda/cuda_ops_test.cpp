@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <random>
 
 #include "backend/cuda/cuda_ops.h"
+#include "backend/sampling.h"
 #include "cache/cache.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -380,9 +382,9 @@ TEST(CudaOps, AffineExpertsRunOnTheAffineGemv) {
 }
 
 // Sampling on the device gives sample_rows' ids for every setting: the greedy rule (NaN never wins,
-// ties go to the lowest id, −0 equals +0), penalties, a plain temperature draw (one block of weights
-// comes back), top-k / top-p / min-p from the compacted candidates, and rows where more than the
-// compaction holds pass the threshold (the whole row comes back). A vocabulary of 152k is split
+// ties go to the lowest id, −0 equals +0), penalties, a plain temperature draw, top-k / top-p /
+// min-p from the compacted candidates, and rows the host finishes (more than the compaction holds
+// pass the threshold, or the threshold is lowered). A vocabulary of 152k is split
 // over blocks: there the tie sits in different parts of the row, the lower id in the later-merged one.
 TEST(CudaOps, SamplingMatchesTheHostDefinition) {
   auto ops = make_cuda_ops(0, Precision::exact);
@@ -423,6 +425,126 @@ TEST(CudaOps, SamplingMatchesTheHostDefinition) {
         EXPECT_EQ(got[2], 0);
         EXPECT_EQ(got[3], 0);
       }
+    }
+  }
+}
+
+// Where a filtered row without penalties is finished: on the device, or on the host where more than
+// 4096 weights reach the first threshold or LeadingCandidates would lower it (in plain double
+// sums: this only checks that a batch holds each kind of row; sample_rows is the reference).
+enum class Finish { device, overflow, lowered };
+Finish where_finished(const float* logits, int64_t V, const SamplingParams& p) {
+  float max = -INFINITY;
+  for (int64_t i = 0; i < V; ++i)
+    if (!std::isnan(logits[i])) max = std::max(max, logits[i]);
+  int64_t passed = 0;
+  double mass = 0.0, total = 0.0;
+  for (int64_t i = 0; i < V; ++i) {
+    const float w = std::isnan(logits[i]) ? 0.0f : sampling_weight(logits[i], max, p.temperature);
+    total += w;
+    if (w >= sampling_threshold(p)) ++passed, mass += w;
+  }
+  if (passed > 4096) return Finish::overflow;
+  const bool top_k = p.top_k > 0 && p.top_k < V;
+  const bool enough = passed >= (top_k ? p.top_k : 1) && (top_k || p.top_p >= 1.0f || mass >= p.top_p * total);
+  return enough ? Finish::device : Finish::lowered;
+}
+
+// Batches of 256 rows finished on the device, against sample_rows row by row: every kind of row
+// (flat, spread and peaked logits, one spike, all equal, a cliff just under the first threshold,
+// masked to a few ids, all −inf, a +inf, NaNs and a tie) under every setting (greedy with and
+// without penalties, plain temperatures, top-k, top-p with and without top-k, min-p, combinations,
+// penalties over histories), with fresh seeds and steps each round. Among them: filtered rows the
+// device finishes, rows with more than 4096 candidates, and rows whose threshold must be lowered
+// (both finished on the host); the test checks each occurs.
+TEST(CudaOps, SampledBatchesMatchTheHostDefinitionRowByRow) {
+  auto ops = make_cuda_ops(0, Precision::exact);
+  std::mt19937 rng(11);
+  const std::vector<SamplingParams> settings = {
+      SamplingParams{},
+      SamplingParams{.repetition_penalty = 1.4f},
+      SamplingParams{.temperature = 0.3f},
+      SamplingParams{.temperature = 0.7f},
+      SamplingParams{.temperature = 1.0f},
+      SamplingParams{.temperature = 1.6f},
+      SamplingParams{.temperature = 30.0f},
+      SamplingParams{.temperature = 0.8f, .top_k = 1},
+      SamplingParams{.temperature = 0.8f, .top_k = 40},
+      SamplingParams{.temperature = 1.2f, .top_k = 400},
+      SamplingParams{.temperature = 1.0f, .top_k = 5000},     // more than the device holds
+      SamplingParams{.temperature = 1.0f, .top_k = 1 << 30},  // ≥ the vocabulary: off
+      SamplingParams{.temperature = 0.7f, .top_p = 0.9f},
+      SamplingParams{.temperature = 1.0f, .top_p = 0.5f},
+      SamplingParams{.temperature = 1.0f, .top_p = 0.99f},
+      SamplingParams{.temperature = 1.0f, .top_p = 0.9995f},  // lowered by a cliff even in 7 tokens
+      SamplingParams{.temperature = 0.6f, .top_k = 20, .top_p = 0.95f},
+      SamplingParams{.temperature = 1.0f, .top_k = 100, .top_p = 0.3f},
+      SamplingParams{.temperature = 1.0f, .min_p = 0.05f},
+      SamplingParams{.temperature = 0.9f, .min_p = 0.2f},
+      SamplingParams{.temperature = 1.0f, .min_p = 1e-5f},  // a first threshold below 1/4096
+      SamplingParams{.temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .min_p = 0.1f},
+      SamplingParams{.temperature = 0.9f, .top_p = 0.8f, .repetition_penalty = 1.3f, .presence_penalty = 0.5f,
+                     .frequency_penalty = 0.3f},
+      SamplingParams{.temperature = 1.0f, .repetition_penalty = 0.8f, .frequency_penalty = 1.0f},
+      SamplingParams{.temperature = 0.7f, .top_k = 30, .presence_penalty = 2.0f},
+  };
+  enum Kind { flat, spread, peaked, spike, equal, cliff, masked, minus_inf, plus_inf, nan_and_tie, kinds };
+  const int64_t S = 256;
+  for (const int64_t V : {int64_t{7}, int64_t{5003}, int64_t{151936}}) {
+    int64_t finished[3] = {0, 0, 0};  // by Finish
+    for (int round = 0; round < 4; ++round) {
+      Tensor logits = host_tensor(DType::f32, {S, V});
+      std::vector<SamplingParams> params(S);
+      std::vector<std::vector<int32_t>> history(S);
+      std::vector<uint64_t> step(S);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::uniform_int_distribution<int64_t> any_id(0, V - 1);
+      for (int64_t s = 0; s < S; ++s) {
+        float* l = logits.ptr<float>() + s * V;
+        const int kind = static_cast<int>(s % kinds);
+        const float sigma = kind == spread ? 4.0f : kind == peaked || kind == nan_and_tie ? 2.0f : 1.0f;
+        for (int64_t i = 0; i < V; ++i) l[i] = sigma * normal(rng);
+        if (kind == peaked)
+          for (int j = 0; j < 8; ++j) l[any_id(rng)] = 12.0f + normal(rng);
+        if (kind == spike) l[any_id(rng)] = 30.0f;
+        if (kind == equal) std::fill(l, l + V, 0.5f);
+        if (kind == cliff) std::fill(l, l + V, -9.0f), l[any_id(rng)] = 0.0f;  // e^-9 < 1/4096
+        if (kind == masked || kind == minus_inf) std::fill(l, l + V, -INFINITY);
+        if (kind == masked)
+          for (int j = 0; j < 6; ++j) l[any_id(rng)] = normal(rng);
+        if (kind == plus_inf) l[any_id(rng)] = INFINITY;
+        if (kind == nan_and_tie) {
+          for (int j = 0; j < 20; ++j) l[any_id(rng)] = std::numeric_limits<float>::quiet_NaN();
+          l[V - 1] = l[V / 3] = 9.0f;
+        }
+        SamplingParams& p = params[s];
+        p = settings[static_cast<size_t>(s / kinds + round * 11) % settings.size()];
+        p.seed = rng();
+        step[s] = rng() % 100000;
+        const int length = static_cast<int>(rng() % 40);
+        for (int j = 0; j < length; ++j) history[s].push_back(static_cast<int32_t>(any_id(rng)) + (j % 9 == 0 ? 2 : 0));
+        const bool filtered = p.temperature > 0.0f && ((p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f);
+        if (!filtered || has_penalties(p) || kind == minus_inf || kind == plus_inf) continue;
+        ++finished[static_cast<int>(where_finished(l, V, p))];
+      }
+      const Tensor device = to_device(*ops, logits);
+      std::vector<int32_t> want, got;
+      sample_rows(logits, params, history, step, want);
+      ops->sample(device, params, history, step, got);
+      ASSERT_EQ(got.size(), want.size());
+      int wrong = 0;
+      for (int64_t s = 0; s < S; ++s)
+        if (got[s] != want[s] && ++wrong <= 8)
+          ADD_FAILURE() << "vocabulary " << V << ", round " << round << ", row " << s << " (kind " << s % kinds
+                        << ", temperature " << params[s].temperature << ", top_k " << params[s].top_k << ", top_p "
+                        << params[s].top_p << ", min_p " << params[s].min_p << "): got " << got[s] << ", want "
+                        << want[s];
+      EXPECT_EQ(wrong, 0) << "vocabulary " << V << ", round " << round;
+    }
+    EXPECT_GT(finished[static_cast<int>(Finish::device)], 0) << "vocabulary " << V;
+    EXPECT_GT(finished[static_cast<int>(Finish::lowered)], 0) << "vocabulary " << V;
+    if (V > 4096) {
+      EXPECT_GT(finished[static_cast<int>(Finish::overflow)], 0) << "vocabulary " << V;
     }
   }
 }

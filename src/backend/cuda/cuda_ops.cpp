@@ -1145,11 +1145,9 @@ class CudaOps final : public Ops {
     synchronize();
   }
 
-  // Greedy rows without penalties are picked on the device (one id per row comes back). Other rows
-  // are weighed on the device (sample.cu) and finished by sampling.h's pick_weighted from what comes
-  // back: the argmax, the block masses and the candidates above the first threshold (or one block
-  // of weights for a plain temperature draw); the whole row only where the pick lowers its threshold
-  // or more than kSampleCandidates pass.
+  // Greedy rows without penalties are picked by the argmax alone; other rows are weighed and picked
+  // on the device too (sample.cu), one id per row coming back, except a row whose candidates
+  // overflow or whose threshold would be lowered: pick_weighted finishes it from the whole row.
   void sample(const Tensor& logits, const std::vector<SamplingParams>& params,
               const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
               std::vector<int32_t>& out) override {
@@ -1176,45 +1174,7 @@ class CudaOps final : public Ops {
   }
 
  private:
-  static constexpr int kSampleCandidates = 4096;
   static_assert(kSamplingBlockIds == kSamplingBlock, "sample.cu's blocks are sampling.h's");
-
-  // A row's weights on the device, for pick_weighted: the candidates brought back, else the row.
-  class DeviceWeights final : public RowWeights {
-   public:
-    DeviceWeights(CudaOps& ops, const float* row, int64_t vocab, float threshold, std::vector<int32_t> ids,
-                  std::vector<float> weights, bool complete)
-        : ops_(ops), row_(row), vocab_(vocab), threshold_(threshold), ids_(std::move(ids)), weights_(std::move(weights)),
-          complete_(complete) {}
-    void at_least(float threshold, std::vector<int32_t>& ids, std::vector<float>& weights) override {
-      if (complete_ && threshold == threshold_) {
-        ids = ids_, weights = weights_;
-        return;
-      }
-      fetch_row();
-      VectorWeights(full_).at_least(threshold, ids, weights);
-    }
-    void range(int64_t begin, int64_t end, std::vector<float>& weights) override {
-      if (!full_.empty()) return VectorWeights(full_).range(begin, end, weights);
-      weights.resize(static_cast<size_t>(end - begin));
-      ops_.read_back(weights.data(), row_ + begin, weights.size() * sizeof(float));
-    }
-
-   private:
-    void fetch_row() {
-      if (!full_.empty()) return;
-      full_.resize(static_cast<size_t>(vocab_));
-      ops_.read_back(full_.data(), row_, full_.size() * sizeof(float));
-    }
-    CudaOps& ops_;
-    const float* row_;
-    int64_t vocab_;
-    float threshold_;
-    std::vector<int32_t> ids_;
-    std::vector<float> weights_;
-    bool complete_;  // ids_ hold every weight ≥ threshold_
-    std::vector<float> full_;
-  };
 
   void sample_on_device(const Tensor& logits, const std::vector<SamplingParams>& params,
                         const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
@@ -1229,10 +1189,13 @@ class CudaOps final : public Ops {
     for (int64_t s = 0; s < rows; ++s) {
       const SamplingParams& p = params[s];
       DeviceSampleRow& r = host_rows[s];
+      r.uniform = sampling_uniform(p.seed, step[s]);
       r.temperature = p.temperature, r.repetition = p.repetition_penalty;
       r.presence = p.presence_penalty, r.frequency = p.frequency_penalty;
       r.threshold = sampling_threshold(p);
-      r.candidates = p.temperature > 0.0f && ((p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f || p.min_p > 0.0f);
+      r.top_p = p.top_p, r.min_p = p.min_p;
+      r.top_k = p.top_k > 0 && p.top_k < vocab ? p.top_k : 0;
+      r.candidates = p.temperature > 0.0f && (r.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f);
       any_candidates = any_candidates || r.candidates;
       r.penalties_begin = r.penalties_end = static_cast<int32_t>(penalty_ids.size());
       if (!has_penalties(p)) continue;
@@ -1254,55 +1217,39 @@ class CudaOps final : public Ops {
                                         penalty_counts.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
     }
     const auto n = static_cast<size_t>(rows);
+    const size_t candidates = any_candidates ? n * kSampleCandidates : 0;
     Scratch work(n * static_cast<size_t>(vocab) * sizeof(float), stream());
     Scratch best(n * sizeof(int32_t), stream()), row_max(n * sizeof(float), stream());
     Scratch masses(n * static_cast<size_t>(nb) * sizeof(double), stream());
     Scratch passing(n * static_cast<size_t>(nb) * sizeof(int32_t), stream());
-    Scratch candidate_ids(n * kSampleCandidates * sizeof(int32_t), stream());
-    Scratch candidate_weights(n * kSampleCandidates * sizeof(float), stream());
+    Scratch candidate_ids(candidates * sizeof(int32_t), stream());
+    Scratch candidate_weights(candidates * sizeof(float), stream());
     Scratch argmax_scratch(argmax_scratch_bytes(rows, vocab), stream());
-    const SamplingBuffers buf{work.as<float>(),        best.as<int32_t>(),          row_max.as<float>(),
-                              masses.as<double>(),     passing.as<int32_t>(),       kSampleCandidates,
-                              candidate_ids.as<int32_t>(), candidate_weights.as<float>(), argmax_scratch.as<void>()};
-    launch_sampling_weigh(logits.ptr<float>(), rows, vocab, rows_device.as<DeviceSampleRow>(), ids_device.as<int32_t>(),
+    Scratch picks(n * sizeof(int32_t), stream());
+    const SamplingBuffers buf{work.as<float>(),           best.as<int32_t>(),
+                              row_max.as<float>(),        masses.as<double>(),
+                              passing.as<int32_t>(),      candidate_ids.as<int32_t>(),
+                              candidate_weights.as<float>(), argmax_scratch.as<void>()};
+    const auto* rows_on_device = rows_device.as<DeviceSampleRow>();
+    launch_sampling_weigh(logits.ptr<float>(), rows, vocab, rows_on_device, ids_device.as<int32_t>(),
                           counts_device.as<int32_t>(), buf, stream());
-    std::vector<int32_t> best_host(n), passing_host(n * static_cast<size_t>(nb));
-    std::vector<float> max_host(n);
-    std::vector<double> masses_host(n * static_cast<size_t>(nb));
-    read_back(best_host.data(), buf.best, n * sizeof(int32_t));
-    read_back(max_host.data(), buf.row_max, n * sizeof(float));
-    read_back(masses_host.data(), buf.masses, masses_host.size() * sizeof(double));
-    read_back(passing_host.data(), buf.passing, passing_host.size() * sizeof(int32_t));
-    std::vector<int32_t> cand_ids;
-    std::vector<float> cand_weights;
-    if (any_candidates) {
-      cand_ids.resize(n * kSampleCandidates), cand_weights.resize(n * kSampleCandidates);
-      read_back(cand_ids.data(), buf.candidate_ids, cand_ids.size() * sizeof(int32_t));
-      read_back(cand_weights.data(), buf.candidate_weights, cand_weights.size() * sizeof(float));
-    }
+    launch_sampling_pick(rows, vocab, rows_on_device, buf, picks.as<int32_t>(), stream());
     out.resize(n);
-    for (int64_t s = 0; s < rows; ++s) {
-      const SamplingParams& p = params[s];
-      if (p.temperature <= 0.0f || std::isinf(max_host[s])) {  // sample_row's first returns
-        out[s] = best_host[s];
-        continue;
-      }
-      const auto first = static_cast<size_t>(s * nb);
-      const std::vector<double> blocks(masses_host.begin() + first, masses_host.begin() + first + nb);
-      int64_t passed = 0;
-      for (int64_t b = 0; b < nb; ++b) passed += passing_host[first + b];
-      const bool complete = host_rows[s].candidates && passed <= kSampleCandidates;
-      std::vector<int32_t> ids;
-      std::vector<float> weights;
-      if (complete) {
-        const auto at = static_cast<size_t>(s) * kSampleCandidates;
-        ids.assign(cand_ids.begin() + at, cand_ids.begin() + at + passed);
-        weights.assign(cand_weights.begin() + at, cand_weights.begin() + at + passed);
-      }
-      DeviceWeights source(*this, buf.work + s * vocab, vocab, host_rows[s].threshold, std::move(ids), std::move(weights),
-                           complete);
-      out[s] = pick_weighted(p, step[s], best_host[s], vocab, blocks, source);
-    }
+    read_back(out.data(), picks.as<int32_t>(), n * sizeof(int32_t));
+    for (int64_t s = 0; s < rows; ++s)
+      if (out[s] < 0) out[s] = pick_on_host(params[s], step[s], ~out[s], vocab, buf.masses + s * nb, buf.work + s * vocab);
+  }
+
+  // A row the device left to the host (launch_sampling_pick): pick_weighted over the whole row of
+  // weights, which it needs anyway (the candidates overflowed, or a lower threshold reads them all).
+  int32_t pick_on_host(const SamplingParams& p, uint64_t step, int32_t best, int64_t vocab, const double* masses,
+                       const float* weights) {
+    std::vector<double> blocks(static_cast<size_t>((vocab + kSamplingBlock - 1) / kSamplingBlock));
+    std::vector<float> row(static_cast<size_t>(vocab));
+    read_back(blocks.data(), masses, blocks.size() * sizeof(double));
+    read_back(row.data(), weights, row.size() * sizeof(float));
+    VectorWeights source(row);
+    return pick_weighted(p, step, best, vocab, blocks, source);
   }
 
   // Every op runs with this Ops' device current (the caller's thread may have another one).
@@ -1382,6 +1329,11 @@ class CudaOps final : public Ops {
   void synchronize() {
     QINFER_CUDA_CHECK(cudaMemcpyAsync(status_host_, status_, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream()));
     QINFER_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    check_status();
+  }
+
+  // synchronize()'s check, once its copy of the status has arrived.
+  void check_status() {
     const DeviceStatus status = *status_host_;
     if (status.code == kStatusOk) return;
     QINFER_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream()));
@@ -1394,16 +1346,20 @@ class CudaOps final : public Ops {
   }
 
   // `bytes` of device memory at src into host memory at dst, after the work queued before; then
-  // synchronize()'s check.
+  // synchronize()'s check, whose status copy shares the last chunk's wait (one sync for a small read).
   void read_back(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return synchronize();
     for (size_t done = 0; done < bytes; done += kReadbackBytes) {
       const size_t n = std::min(kReadbackBytes, bytes - done);
       QINFER_CUDA_CHECK(cudaMemcpyAsync(readback_host_, static_cast<const char*>(src) + done, n,
                                         cudaMemcpyDeviceToHost, stream()));
+      if (done + n == bytes)
+        QINFER_CUDA_CHECK(
+            cudaMemcpyAsync(status_host_, status_, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream()));
       QINFER_CUDA_CHECK(cudaStreamSynchronize(stream()));
       std::memcpy(static_cast<char*>(dst) + done, readback_host_, n);
     }
-    synchronize();
+    check_status();
   }
 
   void check_add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& w, const Tensor& y) {

@@ -261,25 +261,29 @@ void launch_delta_rule_chunked(const float* q, const float* k, const float* v, c
 // One row of a sampling call as the device reads it (sampling.h's parameters; penalties over the
 // distinct history ids [penalties_begin, penalties_end) of the call's id/count arrays).
 struct DeviceSampleRow {
+  double uniform;  // sampling_uniform(seed, step), drawn on the host by its one definition
   float temperature, repetition, presence, frequency;
   float threshold;  // sampling_threshold: candidates are compacted at it where `candidates`
+  float top_p, min_p;
+  int32_t top_k;  // 0 where off, also where ≥ the vocabulary (as pick_weighted reads it)
   int32_t penalties_begin, penalties_end;
-  int32_t candidates;
+  int32_t candidates;  // top_k, top_p or min_p filter the row
 };
 
 constexpr int64_t kSamplingBlockIds = 1024;  // sampling.h's kSamplingBlock
+constexpr int kSampleCandidates = 4096;      // the candidates a row keeps on the device
 
 // Device memory of launch_sampling_weigh for S rows of V logits, nb = ceil(V / kSamplingBlockIds):
 // work [S, V] f32 (the penalised canonical logits, then the weights), best [S], row_max [S],
 // masses [S, nb] f64, passing [S, nb] (weights ≥ threshold per block), candidate_ids /
-// candidate_weights [S, cap], argmax_scratch (argmax_scratch_bytes).
+// candidate_weights [S, kSampleCandidates] (may be null where no row has `candidates`),
+// argmax_scratch (argmax_scratch_bytes).
 struct SamplingBuffers {
   float* work;
   int32_t* best;
   float* row_max;
   double* masses;
   int32_t* passing;
-  int cap;
   int32_t* candidate_ids;
   float* candidate_weights;
   void* argmax_scratch;
@@ -287,6 +291,12 @@ struct SamplingBuffers {
 void launch_sampling_weigh(const float* logits, int64_t S, int64_t V, const DeviceSampleRow* rows,
                            const int32_t* penalty_ids, const int32_t* penalty_counts, const SamplingBuffers& buf,
                            cudaStream_t stream);
+// After launch_sampling_weigh: picks[s] = row s's token by sample_rows' definition, or ~best
+// (negative; best its argmax) where the host must finish the row with pick_weighted from the whole
+// row: a filtered row with more than kSampleCandidates candidates, or whose first threshold
+// LeadingCandidates would lower.
+void launch_sampling_pick(int64_t S, int64_t V, const DeviceSampleRow* rows, const SamplingBuffers& buf, int32_t* picks,
+                          cudaStream_t stream);
 
 // out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).
 // scratch: argmax_scratch_bytes(S, V) bytes of device memory.

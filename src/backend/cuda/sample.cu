@@ -1,9 +1,10 @@
 // Sampling on the device, by sampling.h's definition. Greedy rows: the argmax (NaN never wins, −0
 // equals +0, the lowest id of the largest logit), one id per row back to the host. Other rows: the
 // penalties, the argmax, the weights and the per-block masses are computed here with the host's
-// arithmetic bit for bit (IEEE operations written out, no contraction), and the candidates above the
-// first threshold are compacted in id order, so the host's pick_weighted finishes from a few KB
-// instead of the logits.
+// arithmetic bit for bit (IEEE operations written out, no contraction), the candidates above the
+// first threshold are compacted in id order, and pick_weighted's filters and draw run here too, so
+// one id per row comes back; only a row whose candidates do not fit or whose threshold would be
+// lowered is left to the host's pick_weighted.
 #include <algorithm>
 #include <climits>
 
@@ -173,11 +174,11 @@ __global__ void __launch_bounds__(kWeighThreads)
   }
 }
 
-// The ids of weights ≥ the row's threshold in ascending order (with the weights), the first `cap`
-// of them: block (b, s) writes block b's after the earlier blocks' counts. Rows without filters skip.
+// The ids of weights ≥ the row's threshold in ascending order (with the weights), the first
+// kSampleCandidates of them: block (b, s) writes block b's after the earlier blocks' counts. Rows without filters skip.
 __global__ void __launch_bounds__(kSampleBlock)
     sampling_compact_kernel(const float* __restrict__ work, int64_t V, const DeviceSampleRow* rows,
-                            const float* __restrict__ row_max, const int32_t* __restrict__ passing, int cap,
+                            const float* __restrict__ row_max, const int32_t* __restrict__ passing,
                             int32_t* __restrict__ ids, float* __restrict__ weights) {
   __shared__ int warp_counts[kSampleBlock / kWarp];
   __shared__ int offset;
@@ -199,7 +200,184 @@ __global__ void __launch_bounds__(kSampleBlock)
   if (!keep) return;
   int pos = offset + __popc(ballot & ((1u << lane) - 1u));
   for (int k = 0; k < warp; ++k) pos += warp_counts[k];
-  if (pos < cap) ids[s * cap + pos] = static_cast<int32_t>(id), weights[s * cap + pos] = v;
+  if (pos < kSampleCandidates)
+    ids[s * kSampleCandidates + pos] = static_cast<int32_t>(id), weights[s * kSampleCandidates + pos] = v;
+}
+
+// --- finishing a row on the device: sampling.cpp's pick_weighted, operation for operation --------
+
+// A candidate's key in pick_weighted's filter order (weight descending, then id ascending) as an
+// ascending integer: weights are positive floats (≥ the threshold), whose bits keep their order.
+__device__ __forceinline__ uint64_t rank_key(int32_t id, float w) {
+  return static_cast<uint64_t>(~__float_as_uint(w)) << 32 | static_cast<uint32_t>(id);
+}
+__device__ __forceinline__ float rank_weight(uint64_t key) { return __uint_as_float(~static_cast<uint32_t>(key >> 32)); }
+// The draw's order (id ascending): the key of std::sort(kept) in pick_weighted.
+__device__ __forceinline__ uint64_t id_key(int32_t id, float w) {
+  return static_cast<uint64_t>(id) << 32 | __float_as_uint(w);
+}
+__device__ __forceinline__ float id_weight(uint64_t key) { return __uint_as_float(static_cast<uint32_t>(key)); }
+constexpr uint64_t kNoKey = ~uint64_t{0};  // pads a sort: after every key
+
+// Ascending bitonic sort of keys[0, n), n a power of two, by the whole block (barriers around it).
+__device__ void block_sort(uint64_t* keys, int n) {
+  __syncthreads();
+  for (int k = 2; k <= n; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int partner = i ^ j;
+        if (partner <= i) continue;
+        const uint64_t a = keys[i], b = keys[partner];
+        if ((a > b) == ((i & k) == 0)) keys[i] = b, keys[partner] = a;
+      }
+      __syncthreads();
+    }
+}
+
+__device__ __forceinline__ int pow2_at_least(int n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// pick_weighted's total: the block masses summed in block order.
+__device__ double row_total(const double* blocks, int nb) {
+  double total = 0.0;
+  for (int b = 0; b < nb; ++b) total = __dadd_rn(total, blocks[b]);
+  return total;
+}
+
+// pick_weighted's draw over the whole vocabulary (no filter): over the block masses, then over the
+// chosen block's weights, which the whole block stages in shared memory for thread 0's walk.
+__device__ void pick_unfiltered(const float* row, int64_t V, const double* blocks, int nb, double u, int32_t best,
+                                int32_t* pick) {
+  __shared__ float w[kSampleBlock];
+  __shared__ int chosen;
+  __shared__ double before, target;
+  if (threadIdx.x == 0) {
+    target = __dmul_rn(u, row_total(blocks, nb));
+    double cum = 0.0;
+    int b = 0;
+    while (b + 1 < nb && __dadd_rn(cum, blocks[b]) <= target) cum = __dadd_rn(cum, blocks[b++]);
+    chosen = b, before = cum;
+  }
+  __syncthreads();
+  const int64_t begin = static_cast<int64_t>(chosen) * kSampleBlock;
+  const int n = static_cast<int>(min(static_cast<int64_t>(kSampleBlock), V - begin));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) w[i] = row[begin + i];
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double cum = before;
+  int32_t last = best;  // pick_weighted's fallback where rounding leaves the target unreached
+  for (int i = 0; i < n; ++i) {
+    if (w[i] == 0.0f) continue;
+    cum = __dadd_rn(cum, static_cast<double>(w[i])), last = static_cast<int32_t>(begin + i);
+    if (target < cum) break;
+  }
+  *pick = last;
+}
+
+// How many of the candidates (in filter order, keys[0, passed)) top_k, top_p and min_p keep.
+__device__ int kept_count(const DeviceSampleRow& row, const uint64_t* keys, int passed, double total, int64_t V) {
+  int n = static_cast<int>(min(row.top_k > 0 ? static_cast<int64_t>(row.top_k) : V, static_cast<int64_t>(passed)));
+  if (row.top_p < 1.0f) {
+    double target = __dmul_rn(static_cast<double>(row.top_p), total);
+    if (row.top_k > 0) {  // measured against the top k's mass
+      double n_mass = 0.0;
+      for (int i = 0; i < n; ++i) n_mass = __dadd_rn(n_mass, static_cast<double>(rank_weight(keys[i])));
+      target = __dmul_rn(static_cast<double>(row.top_p), n_mass);
+    }
+    double cum = 0.0;
+    int i = 0;
+    while (i < n) {
+      cum = __dadd_rn(cum, static_cast<double>(rank_weight(keys[i++])));
+      if (cum >= target) break;
+    }
+    n = i;
+  }
+  if (row.min_p > 0.0f) {
+    const float cut = __fmul_rn(row.min_p, rank_weight(keys[0]));
+    int i = 1;
+    while (i < n && rank_weight(keys[i]) >= cut) ++i;
+    n = i;
+  }
+  return n;
+}
+
+// The draw over the kept candidates, keys[0, n) in id order.
+__device__ int32_t draw_kept(const uint64_t* keys, int n, double u, int32_t best) {
+  double mass = 0.0;
+  for (int i = 0; i < n; ++i) mass = __dadd_rn(mass, static_cast<double>(id_weight(keys[i])));
+  const double target = __dmul_rn(u, mass);
+  double cum = 0.0;
+  int32_t last = best;
+  for (int i = 0; i < n; ++i) {
+    const float w = id_weight(keys[i]);
+    if (w == 0.0f) continue;
+    cum = __dadd_rn(cum, static_cast<double>(w)), last = static_cast<int32_t>(keys[i] >> 32);
+    if (target < cum) break;
+  }
+  return last;
+}
+
+// A filtered row from its candidates (ascending ids, as compacted), when they are all there and
+// LeadingCandidates would stop at the first threshold; else ~best, for the host to finish.
+__device__ void pick_filtered(const DeviceSampleRow& row, int64_t V, const double* blocks, int nb, const int32_t* passing,
+                              const int32_t* ids, const float* weights, int32_t best, uint64_t* keys, int32_t* pick) {
+  __shared__ int passed, kept;
+  __shared__ double total;
+  if (threadIdx.x == 0) {
+    int64_t count = 0;
+    for (int b = 0; b < nb; ++b) count += passing[b];
+    const int64_t needed = row.top_k > 0 ? row.top_k : 1;  // LeadingCandidates' count
+    passed = count <= kSampleCandidates && count >= needed ? static_cast<int>(count) : -1;
+    total = row_total(blocks, nb);
+  }
+  __syncthreads();
+  const int n = passed;
+  if (n < 0) {
+    if (threadIdx.x == 0) *pick = ~best;
+    return;
+  }
+  const int padded = pow2_at_least(n);
+  for (int i = threadIdx.x; i < padded; i += blockDim.x) keys[i] = i < n ? rank_key(ids[i], weights[i]) : kNoKey;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // LeadingCandidates' mass test, over the candidates in id order (only top_p without top_k asks one).
+    const double p_mass = row.top_p < 1.0f && row.top_k == 0 ? __dmul_rn(static_cast<double>(row.top_p), total) : 0.0;
+    double sum = 0.0;
+    if (p_mass > 0.0)
+      for (int i = 0; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(rank_weight(keys[i])));
+    if (!(sum >= p_mass)) passed = -1, *pick = ~best;
+  }
+  __syncthreads();
+  if (passed < 0) return;
+  block_sort(keys, padded);
+  if (threadIdx.x == 0) kept = kept_count(row, keys, n, total, V);
+  __syncthreads();
+  const int k = kept;
+  for (int i = threadIdx.x; i < padded; i += blockDim.x)
+    keys[i] = i < k ? id_key(static_cast<int32_t>(keys[i]), rank_weight(keys[i])) : kNoKey;
+  block_sort(keys, pow2_at_least(k));
+  if (threadIdx.x == 0) *pick = draw_kept(keys, k, row.uniform, best);
+}
+
+// Block s: row s's pick (sample_row after the weighing): the argmax where greedy or the largest
+// logit is infinite, else pick_unfiltered / pick_filtered.
+__global__ void __launch_bounds__(kThreads)
+    sampling_pick_kernel(int64_t V, int nb, const DeviceSampleRow* rows, const SamplingBuffers buf, int32_t* picks) {
+  __shared__ uint64_t keys[kSampleCandidates];
+  const int64_t s = blockIdx.x;
+  const DeviceSampleRow row = rows[s];
+  const int32_t best = buf.best[s];
+  if (row.temperature <= 0.0f || isinf(buf.row_max[s])) {
+    if (threadIdx.x == 0) picks[s] = best;
+    return;
+  }
+  const double* blocks = buf.masses + s * nb;
+  if (!row.candidates) return pick_unfiltered(buf.work + s * V, V, blocks, nb, row.uniform, best, picks + s);
+  pick_filtered(row, V, blocks, nb, buf.passing + s * nb, buf.candidate_ids + s * kSampleCandidates,
+                buf.candidate_weights + s * kSampleCandidates, best, keys, picks + s);
 }
 
 // Parts of a row: about 8 loads a thread, at most kMaxParts.
@@ -252,8 +430,16 @@ void launch_sampling_weigh(const float* logits, int64_t S, int64_t V, const Devi
                                                                            buf.masses, buf.passing);
   QINFER_CUDA_CHECK_LAUNCH("sampling_weigh_kernel<<<>>>");
   sampling_compact_kernel<<<dim3(blocks, rows_y), kSampleBlock, 0, stream>>>(
-      buf.work, V, rows, buf.row_max, buf.passing, buf.cap, buf.candidate_ids, buf.candidate_weights);
+      buf.work, V, rows, buf.row_max, buf.passing, buf.candidate_ids, buf.candidate_weights);
   QINFER_CUDA_CHECK_LAUNCH("sampling_compact_kernel<<<>>>");
+}
+
+void launch_sampling_pick(int64_t S, int64_t V, const DeviceSampleRow* rows, const SamplingBuffers& buf, int32_t* picks,
+                          cudaStream_t stream) {
+  if (S == 0) return;
+  const auto nb = static_cast<int>((V + kSampleBlock - 1) / kSampleBlock);
+  sampling_pick_kernel<<<static_cast<unsigned>(S), kThreads, 0, stream>>>(V, nb, rows, buf, picks);
+  QINFER_CUDA_CHECK_LAUNCH("sampling_pick_kernel<<<>>>");
 }
 
 }  // namespace qinfer::cuda
