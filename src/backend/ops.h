@@ -186,6 +186,8 @@ class Ops {
   virtual void begin_step(const std::string& key) { (void)key; }
   virtual Tensor end_step(Tensor output) { return output; }
   virtual void abort_step() {}
+  // Whether begin_step / end_step record and replay (a GPU with graphs on); host backends run as is.
+  virtual bool records_steps() const { return false; }
 
   // Picks one token per row of logits f32 [S,V] (see backend/sampling.h for the exact semantics, which
   // every backend shares). history[s] holds row s's prompt + generated ids, for the penalties.

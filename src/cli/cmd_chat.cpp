@@ -65,15 +65,10 @@ void add_chat_command(CLI::App& app) {
         options.stop_ids = m->stop_ids;
         options.cancel = &g_cancel;
         g_cancel = false;
-        engine::ReasoningFilter filter(text.ends_with("<think>\n"));
-        auto emit = [&](std::string_view chunk) {
-          const std::string shown = hide ? filter.push(chunk) : std::string(chunk);
-          std::fwrite(shown.data(), 1, shown.size(), stdout);
-          std::fflush(stdout);
-        };
+        ReplyPrinter print(hide, text);
         const engine::GenerationResult r =
-            engine::generate(m->model(), m->tokenizer, m->tokenizer.encode(text, false), options, emit);
-        if (hide) fmt::print("{}", filter.finish());
+            engine::generate(m->model(), m->tokenizer, m->tokenizer.encode(text, false), options, std::ref(print));
+        print.finish();
         fmt::print("{}\n", r.finish_reason == "cancelled" ? " [stopped]" : "");
         messages.push_back({{"role", "assistant"}, {"content", m->tokenizer.decode(r.tokens)}});
       } catch (const Error& e) {

@@ -48,19 +48,9 @@ void add_run_command(CLI::App& app) {
     options.stop_ids = m->stop_ids;
     options.cancel = &g_cancel;
     std::signal(SIGINT, [](int) { g_cancel = true; });
-    // Qwen3.5's generation prompt opens the reasoning block itself.
-    engine::ReasoningFilter filter(text.ends_with("<think>\n"));
-    const bool hide = o->flags.think == "hide";
-    auto emit = [&](std::string_view chunk) {
-      const std::string shown = hide ? filter.push(chunk) : std::string(chunk);
-      std::fwrite(shown.data(), 1, shown.size(), stdout);
-      std::fflush(stdout);
-    };
-    const engine::GenerationResult r = engine::generate(m->model(), m->tokenizer, prompt, options, emit);
-    if (hide) {
-      const std::string rest = filter.finish();
-      std::fwrite(rest.data(), 1, rest.size(), stdout);
-    }
+    ReplyPrinter print(o->flags.think == "hide", text);
+    const engine::GenerationResult r = engine::generate(m->model(), m->tokenizer, prompt, options, std::ref(print));
+    print.finish();
     std::fputc('\n', stdout);
     std::fflush(stdout);  // the statistics line (stderr) comes after the text
     std::signal(SIGINT, SIG_DFL);

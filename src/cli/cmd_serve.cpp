@@ -1,4 +1,4 @@
-// `qinfer serve`: the OpenAI-compatible HTTP server over the continuous-batching scheduler. Prints
+// `qinfer serve`: the OpenAI-compatible HTTP server over the continuous-batching engine. Prints
 // the URL when ready; SIGINT / SIGTERM end in-flight requests with an error and exit cleanly.
 #include <fmt/format.h>
 #include <pthread.h>
@@ -13,7 +13,7 @@
 #include "cli/generation_options.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 #include "server/server.h"
 
 namespace qinfer::cli {
@@ -34,7 +34,7 @@ void add_serve_command(CLI::App& app) {
   struct Options {
     std::string model, served_name;
     server::ServerOptions server;
-    engine::SchedulerOptions scheduler;
+    engine::EngineOptions engine;
     int threads = 0;
     std::string device = "cpu";
     int tensor_parallel = 1;
@@ -47,13 +47,13 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", o->server.api_key, "require \"Authorization: Bearer KEY\" on /v1/ requests")
       ->envname("QINFER_API_KEY");
   cmd->add_option("--served-model-name", o->served_name, "the model id clients send (default: the folder name)");
-  cmd->add_option("--max-running", o->scheduler.max_running, "sequences decoding at once (default 64)")
+  cmd->add_option("--max-running", o->engine.max_running, "sequences decoding at once (default 64)")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--max-waiting", o->scheduler.max_waiting, "queued requests before 429 (default 256)")
+  cmd->add_option("--max-waiting", o->engine.max_waiting, "queued requests before 429 (default 256)")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--kv-blocks", o->scheduler.kv_blocks, "KV-cache blocks (default: max-running x max-context)")
+  cmd->add_option("--kv-blocks", o->engine.kv_blocks, "KV-cache blocks (default: max-running x max-context)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  cmd->add_option("--max-context", o->scheduler.max_context,
+  cmd->add_option("--max-context", o->engine.max_context,
                   "prompt + completion tokens per sequence (default: the model's)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "largest request body accepted (default 16 MiB)")
@@ -61,7 +61,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "CPU threads for the model (default: all)")->check(CLI::Range(1, 4096));
   cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
   add_device_flags(cmd, o->tensor_parallel);
-  cmd->add_option("--memory-fraction", o->scheduler.memory_fraction,
+  cmd->add_option("--memory-fraction", o->engine.memory_fraction,
                   "of a GPU's free memory (after the weights) the KV cache and states may take (default 0.9)")
       ->check(CLI::Range(0.01, 1.0));
   cmd->callback([o] {
@@ -83,10 +83,10 @@ void add_serve_command(CLI::App& app) {
       log_warn("{}; /v1/chat/completions is off, /v1/completions works", e.what());
     }
     // Every running sequence decodes one token per step, so a step must hold at least that many.
-    o->scheduler.step_token_budget = std::max(o->scheduler.step_token_budget, o->scheduler.max_running);
-    engine::Scheduler scheduler(m->model(), m->tokenizer, o->scheduler);
-    server::SchedulerGenerator generator(scheduler);
-    const engine::SchedulerOptions& so = scheduler.options();  // with its defaults resolved
+    o->engine.step_token_budget = std::max(o->engine.step_token_budget, o->engine.max_running);
+    engine::Engine engine(m->model(), m->tokenizer, o->engine);
+    server::EngineGenerator generator(engine);
+    const engine::EngineOptions& so = engine.options();  // with its defaults resolved
 
     server::ServedModel served;
     served.name = o->served_name.empty() ? default_served_name(dir) : o->served_name;

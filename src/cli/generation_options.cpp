@@ -199,4 +199,21 @@ void add_generation_flags(CLI::App* cmd, GenerationFlags& f) {
   add_device_flags(cmd, f.tensor_parallel);
 }
 
+ReplyPrinter::ReplyPrinter(bool hide, std::string_view prompt) {
+  if (hide) reasoning_.emplace(engine::prompt_opens_reasoning(prompt));
+}
+
+void ReplyPrinter::operator()(std::string_view chunk) {
+  write(reasoning_ ? reasoning_->push(chunk).content : std::string(chunk));
+}
+
+void ReplyPrinter::finish() {
+  if (reasoning_) write(reasoning_->finish().content);
+}
+
+void ReplyPrinter::write(std::string_view text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
 }  // namespace qinfer::cli

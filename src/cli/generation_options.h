@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/generate.h"
+#include "engine/reasoning.h"
 #include "models/tensor_parallel.h"
 #include "tokenizer/chat_template.h"
 
@@ -69,5 +70,18 @@ struct GenerationFlags {
   int tensor_parallel = 1;
 };
 void add_generation_flags(CLI::App* cmd, GenerationFlags& flags);
+
+// Writes a reply to stdout as it streams: all of it, or with `hide` only what follows the reasoning
+// block (which `prompt`, the rendered template, may have opened itself).
+class ReplyPrinter {
+ public:
+  ReplyPrinter(bool hide, std::string_view prompt);
+  void operator()(std::string_view chunk);
+  void finish();  // the held-back rest
+
+ private:
+  void write(std::string_view text);
+  std::optional<engine::ReasoningSplitter> reasoning_;
+};
 
 }  // namespace qinfer::cli

@@ -4,17 +4,6 @@
 
 namespace qinfer::engine {
 
-size_t held_back(std::string_view text, const std::vector<std::string>& needles) {
-  size_t hold = 0;
-  for (const std::string& n : needles)
-    for (size_t len = std::min(n.size() - 1, text.size()); len > hold; --len)
-      if (text.substr(text.size() - len) == std::string_view(n).substr(0, len)) {
-        hold = len;
-        break;
-      }
-  return hold;
-}
-
 TextStream::TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop)
     : decoder_(tokenizer), stop_(std::move(stop)) {}
 

@@ -2,6 +2,8 @@
 // Generated ids to final text, shared by generate() and the scheduler: UTF-8-complete chunks
 // (tokenizer::StreamDecoder), cut before the first stop string, holding back any tail that may still
 // grow into one.
+#include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,7 +31,21 @@ class TextStream {
   bool stopped_ = false;
 };
 
-// Length of the longest suffix of `text` that is a proper prefix of one of `needles`.
-size_t held_back(std::string_view text, const std::vector<std::string>& needles);
+// Length of the longest suffix of `text` that is a proper prefix of one of `needles` (stop strings,
+// tags of the streaming parsers): bytes that must wait for the next chunk before they can be emitted.
+template <typename Needles>
+size_t held_back(std::string_view text, const Needles& needles) {
+  size_t hold = 0;
+  for (std::string_view n : needles)
+    for (size_t len = std::min(n.size() - 1, text.size()); len > hold; --len)
+      if (text.substr(text.size() - len) == n.substr(0, len)) {
+        hold = len;
+        break;
+      }
+  return hold;
+}
+inline size_t held_back(std::string_view text, std::initializer_list<std::string_view> needles) {
+  return held_back<std::initializer_list<std::string_view>>(text, needles);
+}
 
 }  // namespace qinfer::engine

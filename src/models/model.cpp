@@ -113,8 +113,13 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   // and replays the same steps, as every rank sees the same batches).
   std::string step_key;
   if (decode) {
-    int32_t width = 8;
-    while (width < layout.max_blocks) width *= 2;
+    int32_t width = batch.block_table_width;
+    QINFER_CHECK(width == 0 || width >= layout.max_blocks, "forward: a sequence holds {} blocks, past the batch's block "
+                 "table width {}", layout.max_blocks, width);
+    if (width == 0) {
+      width = 8;
+      while (width < layout.max_blocks) width *= 2;
+    }
     layout.max_blocks = width;
     step_key = fmt::format("cache {}: decode {} sequences, {} blocks", cache.id(), batch.sequences.size(), width);
   }

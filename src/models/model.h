@@ -22,6 +22,9 @@ struct Batch {
     bool all_logits = false;          // logits for every token, else for the last one
   };
   std::vector<Sequence> sequences;
+  // A decode step's block-table width (0: the smallest power of two ≥ 8 that holds every sequence's
+  // blocks). The engine fixes it so that a batch size's recorded step serves every context length.
+  int32_t block_table_width = 0;
 };
 
 // One decoder layer: a token mixer and a feed-forward block, each after its own pre-norm.

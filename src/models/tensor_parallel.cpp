@@ -350,6 +350,7 @@ void TensorParallelModel::follow() {
         const uint64_t count = r.get<uint64_t>();
         std::vector<SequenceCache> sequences(count);
         Batch batch;
+        batch.block_table_width = r.get<int32_t>();
         for (uint64_t i = 0; i < count; ++i) {
           std::vector<int32_t> tokens = r.vector<int32_t>();
           sequences[i].blocks = r.vector<int32_t>();
@@ -385,6 +386,7 @@ Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
     Writer w(Op::forward);
     w.put(cache.id());
     w.put(static_cast<uint64_t>(batch.sequences.size()));
+    w.put(batch.block_table_width);
     for (const Batch::Sequence& s : batch.sequences) {
       w.put(s.tokens);
       w.put(s.cache->blocks);

@@ -24,7 +24,7 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
   prefilled_ = {};
   std::string content(text);
   if (reasoning_) {
-    ReasoningSplitter::Pieces pieces = reasoning_->push(text);
+    engine::ReasoningSplitter::Pieces pieces = reasoning_->push(text);
     out.reasoning += pieces.reasoning;
     content = std::move(pieces.content);
   }
@@ -39,7 +39,7 @@ ChatDelta ChatOutputParser::finish() {
   ChatDelta out = push("");
   std::string content;
   if (reasoning_) {
-    ReasoningSplitter::Pieces pieces = reasoning_->finish();
+    engine::ReasoningSplitter::Pieces pieces = reasoning_->finish();
     out.reasoning += pieces.reasoning;
     content = std::move(pieces.content);
   }

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "server/reasoning.h"
+#include "engine/reasoning.h"
 #include "server/tool_calls.h"
 
 namespace qinfer::server {
@@ -36,7 +36,7 @@ class ChatOutputParser {
  private:
   void add_content(ChatDelta& out, ParsedOutput parsed);
 
-  std::optional<ReasoningSplitter> reasoning_;
+  std::optional<engine::ReasoningSplitter> reasoning_;
   std::unique_ptr<ToolCallParser> tools_;
   ChatDelta prefilled_;  // what the prefill produced, sent with the first delta
 };

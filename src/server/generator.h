@@ -1,34 +1,34 @@
 #pragma once
-// What the HTTP layer needs from the engine. In production this is the continuous-batching
-// Scheduler (SchedulerGenerator); tests may script it to produce outputs a random-weight model
-// cannot be made to write (a streamed tool call, a stalled stream).
+// What the HTTP layer needs from the engine. In production this is engine::Engine (EngineGenerator);
+// tests may script it to produce outputs a random-weight model cannot be made to write (a streamed
+// tool call, a stalled stream).
 #include <cstdint>
 #include <optional>
 
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 
 namespace qinfer::server {
 
 class Generator {
  public:
   virtual ~Generator() = default;
-  // As engine::Scheduler::submit: nullopt when the queue is full, qinfer::Error for bad params.
+  // As engine::Engine::submit: nullopt when the queue is full, qinfer::Error for bad params.
   virtual std::optional<uint64_t> submit(engine::RequestParams params, engine::EventSink sink) = 0;
   virtual void cancel(uint64_t id) = 0;
-  virtual engine::SchedulerStats stats() const = 0;
+  virtual engine::EngineStats stats() const = 0;
 };
 
-class SchedulerGenerator final : public Generator {
+class EngineGenerator final : public Generator {
  public:
-  explicit SchedulerGenerator(engine::Scheduler& scheduler) : scheduler_(scheduler) {}
+  explicit EngineGenerator(engine::Engine& engine) : engine_(engine) {}
   std::optional<uint64_t> submit(engine::RequestParams params, engine::EventSink sink) override {
-    return scheduler_.submit(std::move(params), std::move(sink));
+    return engine_.submit(std::move(params), std::move(sink));
   }
-  void cancel(uint64_t id) override { scheduler_.cancel(id); }
-  engine::SchedulerStats stats() const override { return scheduler_.stats(); }
+  void cancel(uint64_t id) override { engine_.cancel(id); }
+  engine::EngineStats stats() const override { return engine_.stats(); }
 
  private:
-  engine::Scheduler& scheduler_;
+  engine::Engine& engine_;
 };
 
 }  // namespace qinfer::server

@@ -52,7 +52,7 @@ void Metrics::count_finish(std::string_view reason) {
   ++finished_[std::string(reason)];
 }
 
-std::string Metrics::render(const engine::SchedulerStats& s) const {
+std::string Metrics::render(const engine::EngineStats& s) const {
   std::string out;
   time_to_first_token.render(out, "qinfer_time_to_first_token_seconds",
                              "Time from a request's arrival to its first generated token.");
@@ -75,6 +75,16 @@ std::string Metrics::render(const engine::SchedulerStats& s) const {
         static_cast<double>(s.completion_tokens_total));
   gauge(out, "qinfer_preemptions_total", "counter", "Sequences preempted for lack of cache.",
         static_cast<double>(s.preemptions_total));
+  gauge(out, "qinfer_engine_steps_total", "counter", "Model steps (forwards) the engine ran.",
+        static_cast<double>(s.steps_total));
+  gauge(out, "qinfer_engine_decode_steps_total", "counter", "Model steps of one-token decodes only (replayed graphs).",
+        static_cast<double>(s.decode_steps_total));
+  gauge(out, "qinfer_engine_host_seconds_total", "counter",
+        "Model-thread time spent scheduling, building batches and postprocessing.", s.host_seconds_total);
+  gauge(out, "qinfer_engine_forward_seconds_total", "counter", "Time in forwards and sampling (the device's work).",
+        s.forward_seconds_total);
+  gauge(out, "qinfer_engine_recording_seconds", "gauge", "Time spent recording decode steps at start-up.",
+        s.recording_seconds);
   std::lock_guard lock(mutex_);
   gauge(out, "qinfer_open_streams", "gauge", "SSE responses being written.", static_cast<double>(open_streams_));
   out +=

@@ -1,6 +1,6 @@
 #pragma once
 // Prometheus metrics of the server (text exposition format 0.0.4): latency histograms the server
-// measures itself, and the scheduler's gauges and counters read at scrape time.
+// measures itself, and the engine's gauges and counters read at scrape time.
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 
 namespace qinfer::server {
 
@@ -42,7 +42,7 @@ class Metrics {
     --open_streams_;
   }
 
-  std::string render(const engine::SchedulerStats& stats) const;
+  std::string render(const engine::EngineStats& stats) const;
 
  private:
   mutable std::mutex mutex_;

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 #include "server/api_error.h"
 #include "server/chat_output.h"
 #include "tokenizer/tokenizer.h"

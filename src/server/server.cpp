@@ -442,11 +442,11 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& bo
   }
   if (r.tool_choice == ToolChoice::required || r.tool_choice == ToolChoice::named) {
     // No grammar engine: the prompt itself opens the call (and closes an open reasoning block first).
-    if (split_reasoning && prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
+    if (split_reasoning && engine::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
     output.prefill = tool_call_prefill(tool_format, r.tool_choice == ToolChoice::named ? r.tool_name : "");
     prompt += output.prefill;
   }
-  output.reasoning_open = split_reasoning && prompt_opens_reasoning(prompt);
+  output.reasoning_open = split_reasoning && engine::prompt_opens_reasoning(prompt);
   auto session = std::make_shared<Session>(*this, Endpoint::chat, r, 1);
   session->use_chat_output(output);
   std::vector<engine::RequestParams> params;
@@ -539,7 +539,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
 }
 
 json Server::Impl::health() const {
-  const engine::SchedulerStats s = generator.stats();
+  const engine::EngineStats s = generator.stats();
   return {{"status", stopping ? "stopping" : "ok"},
           {"model", model.name},
           {"running", s.running},

@@ -1,24 +1,11 @@
 #pragma once
-// Small helpers for the streaming parsers: what part of a buffer may still begin a tag.
+// Small helpers for the streaming parsers.
 #include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 
 namespace qinfer::server {
-
-// Length of the longest suffix of `text` that is a proper prefix of one of `tags`: bytes that must
-// wait for the next chunk before they can be emitted.
-inline size_t partial_tag_suffix(std::string_view text, std::initializer_list<std::string_view> tags) {
-  size_t hold = 0;
-  for (std::string_view tag : tags)
-    for (size_t len = std::min(tag.size() - 1, text.size()); len > hold; --len)
-      if (text.substr(text.size() - len) == tag.substr(0, len)) {
-        hold = len;
-        break;
-      }
-  return hold;
-}
 
 // Appends `text` escaped for the inside of a JSON string. Bytes >= 0x80 pass through, so pieces of
 // a UTF-8 sequence escaped separately concatenate to the escape of the whole.

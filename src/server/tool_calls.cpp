@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "engine/text_stream.h"
 #include "server/text_scan.h"
 
 namespace qinfer::server {
@@ -298,7 +299,7 @@ class XmlParser final : public ToolCallParser {
           if (end == std::string_view::npos) {
             if (type_ != "string") return;  // converted once complete
             const std::string_view rest = s.substr(pos_);
-            const size_t hold = partial_tag_suffix(
+            const size_t hold = engine::held_back(
                 rest,
                 {"\n</parameter>", "</parameter>", "\n<parameter=", "<parameter=", "\n</function>", "</function>"});
             std::string fragment;
@@ -419,7 +420,7 @@ ParsedOutput ToolCallParser::push(std::string_view text) {
         in_call_ = true;
         continue;
       }
-      const size_t hold = partial_tag_suffix(pending_, {kCallOpen});
+      const size_t hold = engine::held_back(pending_, {kCallOpen});
       emit_content(out, std::string_view(pending_).substr(0, pending_.size() - hold), false);
       pending_.erase(0, pending_.size() - hold);
       return out;
@@ -432,7 +433,7 @@ ParsedOutput ToolCallParser::push(std::string_view text) {
       end_call(out, true);
       continue;
     }
-    const size_t hold = partial_tag_suffix(pending_, {kCallClose});
+    const size_t hold = engine::held_back(pending_, {kCallClose});
     body_ += std::string_view(pending_).substr(0, pending_.size() - hold);
     pending_.erase(0, pending_.size() - hold);
     scan(out, false);

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 
 namespace qinfer::engine {
 namespace {
@@ -12,13 +12,14 @@ namespace {
 TEST(KvBlocksInMemory, Qwen3_8bBlocksFillTheFractionOfFreeMemory) {
   CacheShape s;
   s.attention_layers = 36, s.kv_heads = 8, s.head_dim = 128;
-  SchedulerOptions o;
+  EngineOptions o;
   o.block_size = 16, o.max_running = 64, o.memory_fraction = 0.9;
-  // One block: K and V of 16 tokens × 8 heads × 128 floats in 36 layers = 4.5 MiB.
+  // One block: K and V of 16 tokens × 8 heads × 128 floats in 36 layers = 4.5 MiB. One of the blocks
+  // that fit is the model runner's scratch block (padding rows of a decode step).
   const uint64_t block = 2ull * 36 * 16 * 8 * 128 * 4;
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 90);
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 89);
   o.memory_fraction = 0.5;
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 50);
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 49);
 }
 
 TEST(KvBlocksInMemory, RecurrentStatesComeFirst) {
@@ -26,13 +27,14 @@ TEST(KvBlocksInMemory, RecurrentStatesComeFirst) {
   s.attention_layers = 8, s.kv_heads = 4, s.head_dim = 256;
   s.linear_layers = 24, s.conv_channels = 8192, s.conv_window = 3, s.value_heads = 32, s.value_head_dim = 128,
   s.key_head_dim = 128;
-  SchedulerOptions o;
+  EngineOptions o;
   o.block_size = 16, o.max_running = 10, o.memory_fraction = 1.0;
   const uint64_t block = 2ull * 8 * 16 * 4 * 256 * 4;
   const uint64_t state = 24ull * 4 * (3 * 8192 + 32 * 128 * 128);  // one sequence
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 10 * state + 7 * block), 7);
+  // The 10 sequences' states and the runner's scratch slot come first, then the scratch block.
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 11 * state + 7 * block), 6);
   try {
-    kv_blocks_in_memory(s, o, 10 * state);
+    kv_blocks_in_memory(s, o, 11 * state + block);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("leaves no room for the KV cache"));

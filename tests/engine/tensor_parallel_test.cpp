@@ -7,7 +7,7 @@
 
 #include "io/json.h"
 #include "models/tensor_parallel.h"
-#include "scheduler_support.h"
+#include "engine_support.h"
 
 namespace qinfer::engine {
 namespace {
@@ -72,7 +72,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, TensorParallelEngine,
 std::vector<std::vector<std::vector<int32_t>>> schedule(models::Runner& model,
                                                         const std::vector<RequestParams>& requests) {
   // 16 blocks of 4 tokens for 7 concurrent sequences of up to ~45 tokens: preemption is certain.
-  Scheduler s(model, test_tokenizer(),
+  Engine s(model, test_tokenizer(),
               {.kv_blocks = 16, .block_size = 4, .max_running = 7, .step_token_budget = 12, .max_context = 64});
   Recorder rec(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) EXPECT_TRUE(s.submit(requests[i], rec.sink(i, requests[i].n)));
@@ -84,18 +84,18 @@ std::vector<std::vector<std::vector<int32_t>>> schedule(models::Runner& model,
       EXPECT_EQ(rec[i].finished[c].finish_reason, "length") << "request " << i << " choice " << c << ": "
                                                             << rec[i].finished[c].error;
   }
-  const SchedulerStats st = s.stats();
+  const EngineStats st = s.stats();
   EXPECT_GT(st.preemptions_total, 0);
   EXPECT_EQ(st.kv_blocks_used, 0) << "KV blocks leaked";
   EXPECT_EQ(st.state_slots_used, 0) << "state slots leaked";
   return tokens;
 }
 
-class TensorParallelScheduler : public ::testing::TestWithParam<std::string> {};
+class TensorParallelEngineServing : public ::testing::TestWithParam<std::string> {};
 
 // Concurrent greedy and sampled requests, n = 3 branching off a shared prompt (a copied recurrent
 // state on qwen3_5), and a pool too small for them all.
-TEST_P(TensorParallelScheduler, GivesTheTokensOfOneModel) {
+TEST_P(TensorParallelEngineServing, GivesTheTokensOfOneModel) {
   const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
   const std::unique_ptr<Ops> ops = backend("cpu");
   models::Model one(checkpoint, *ops);
@@ -119,7 +119,7 @@ TEST_P(TensorParallelScheduler, GivesTheTokensOfOneModel) {
 // process 0 leads, runs the scheduler and mirrors its caches (new slots zeroed, the n = 3 state
 // snapshots gathered from and restored into process 1's ranks); process 1 follows until process 0's
 // group is destroyed.
-TEST_P(TensorParallelScheduler, OverProcessesGivesTheTokensOfOneModel) {
+TEST_P(TensorParallelEngineServing, OverProcessesGivesTheTokensOfOneModel) {
   const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
   const std::unique_ptr<Ops> ops = backend("cpu");
   models::Model one(checkpoint, *ops);
@@ -166,7 +166,7 @@ TEST_P(TensorParallelScheduler, OverProcessesGivesTheTokensOfOneModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, TensorParallelScheduler, ::testing::Values("qwen3", "qwen3_5"),
+INSTANTIATE_TEST_SUITE_P(Golden, TensorParallelEngineServing, ::testing::Values("qwen3", "qwen3_5"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -2,8 +2,9 @@
 #include <gtest/gtest.h>
 
 #include "engine/generate.h"
+#include "engine/model_runner.h"
 #include "engine/text_stream.h"
-#include "scheduler_support.h"
+#include "engine_support.h"
 
 namespace qinfer::engine {
 namespace {
@@ -73,7 +74,7 @@ TEST(TextLogits, DropsColumnsPastTheTokenizerVocabulary) {
   Tensor wide = host_tensor(DType::f32, {2, text + 44});
   for (int64_t i = 0; i < wide.numel(); ++i) wide.ptr<float>()[i] = static_cast<float>(i % 977);
   wide.ptr<float>()[text + 3] = 1e9f;  // the largest logit sits in the padding
-  const Tensor narrow = text_logits(*ops, wide, tok);
+  const Tensor narrow = text_logits(*ops, wide, tok.vocab_size());
   ASSERT_EQ(narrow.shape, (std::vector<int64_t>{2, text}));
   for (int64_t r = 0; r < 2; ++r)
     for (int64_t c = 0; c < text; ++c) EXPECT_EQ(narrow.ptr<float>()[r * text + c], wide.ptr<float>()[r * (text + 44) + c]);
@@ -81,7 +82,7 @@ TEST(TextLogits, DropsColumnsPastTheTokenizerVocabulary) {
   ops->sample(narrow, {SamplingParams{}, SamplingParams{}}, {{}, {}}, {0, 0}, next);
   for (int32_t id : next) EXPECT_LT(id, text);
   Tensor exact = host_tensor(DType::f32, {1, text});
-  EXPECT_EQ(text_logits(*ops, exact, tok).data, exact.data);
+  EXPECT_EQ(text_logits(*ops, exact, tok.vocab_size()).data, exact.data);
 }
 
 }  // namespace

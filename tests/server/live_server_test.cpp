@@ -8,7 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/generate.h"
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 #include "models/model.h"
 #include "models/random_checkpoint.h"
 #include "parallel/process_group.h"
@@ -88,15 +88,15 @@ class LiveServer {
         model_(checkpoint_, *ops_),
         tokenizer_(tokenizer::Tokenizer::load(dir_.path())),
         template_(tokenizer::ChatTemplate::from_model_dir(dir_.path())),
-        scheduler_(model_, tokenizer_, scheduler_options()),
-        generator_(scheduler_) {
+        engine_(model_, tokenizer_, engine_options()),
+        generator_(engine_) {
     ServedModel served;
     served.name = hybrid ? "tiny-qwen3.5" : "tiny-qwen3";
     served.tokenizer = &tokenizer_;
     served.chat_template = &template_;
     served.chat_template_source = tokenizer_.config().chat_template;
     served.stop_ids = engine::stop_ids(dir_.path(), checkpoint_.config, tokenizer_);
-    served.max_context = scheduler_.options().max_context;
+    served.max_context = engine_.options().max_context;
     served.sampling_defaults = sampling_defaults(dir_.path());
     ServerOptions options;
     options.port = 0;
@@ -108,11 +108,11 @@ class LiveServer {
 
   int port() const { return port_; }
   const fs::path& dir() const { return dir_.path(); }
-  engine::SchedulerStats stats() const { return scheduler_.stats(); }
+  engine::EngineStats stats() const { return engine_.stats(); }
 
  private:
-  static engine::SchedulerOptions scheduler_options() {
-    engine::SchedulerOptions o;
+  static engine::EngineOptions engine_options() {
+    engine::EngineOptions o;
     o.max_running = 64;
     o.max_waiting = 256;
     o.max_context = 1024;
@@ -125,8 +125,8 @@ class LiveServer {
   models::Model model_;
   tokenizer::Tokenizer tokenizer_;
   tokenizer::ChatTemplate template_;
-  engine::Scheduler scheduler_;
-  SchedulerGenerator generator_;
+  engine::Engine engine_;
+  EngineGenerator generator_;
   std::unique_ptr<Server> server_;
   int port_ = 0;
 };
@@ -150,7 +150,7 @@ void expect_all_free(const LiveServer& s) {
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (s.stats().running + s.stats().waiting > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(5ms);
-  const engine::SchedulerStats st = s.stats();
+  const engine::EngineStats st = s.stats();
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.waiting, 0);
   EXPECT_EQ(st.kv_blocks_used, 0);

@@ -240,8 +240,8 @@ class ScriptedGenerator final : public Generator {
     }
   }
 
-  engine::SchedulerStats stats() const override {
-    engine::SchedulerStats s;
+  engine::EngineStats stats() const override {
+    engine::EngineStats s;
     s.running = running_;
     return s;
   }

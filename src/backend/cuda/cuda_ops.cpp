@@ -1138,6 +1138,8 @@ class CudaOps final : public Ops {
     mode_ = Mode::eager;
   }
 
+  bool records_steps() const override { return graphs_enabled_; }
+
   // In a replayed step, which launches nothing: its graph holds the work.
   bool replaying() const { return mode_ == Mode::replaying; }
   void finish() {

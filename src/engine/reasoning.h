@@ -2,12 +2,12 @@
 // Splits streamed model output into reasoning (inside <think>…</think>) and answer content.
 // Qwen3 models write "<think>\n…\n</think>\n\n" themselves; Qwen3.5 templates open the block in the
 // prompt, so only "</think>" appears. Pieces are final when returned: a tag split across chunks is
-// held back until it is complete or cannot be a tag any more. (A streaming generalization of
-// engine::ReasoningFilter, which only hides reasoning.)
+// held back until it is complete or cannot be a tag any more. The server's chat output and
+// `qinfer run` / `chat` (which show or hide the reasoning) both read model output through it.
 #include <string>
 #include <string_view>
 
-namespace qinfer::server {
+namespace qinfer::engine {
 
 // True when a rendered prompt leaves a <think> block open (Qwen3.5's generation prompt).
 bool prompt_opens_reasoning(std::string_view prompt);
@@ -36,4 +36,4 @@ class ReasoningSplitter {
   std::string pending_;
 };
 
-}  // namespace qinfer::server
+}  // namespace qinfer::engine

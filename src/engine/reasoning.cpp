@@ -1,8 +1,8 @@
-#include "server/reasoning.h"
+#include "engine/reasoning.h"
 
-#include "server/text_scan.h"
+#include "engine/text_stream.h"
 
-namespace qinfer::server {
+namespace qinfer::engine {
 namespace {
 
 constexpr std::string_view kOpen = "<think>", kClose = "</think>", kToolCall = "<tool_call>";
@@ -48,8 +48,8 @@ ReasoningSplitter::Pieces ReasoningSplitter::push(std::string_view text) {
         continue;
       }
       const size_t hold = tool_call_ends_
-                              ? partial_tag_suffix(pending_, {"\n</think>", kClose, "\n<tool_call>", kToolCall})
-                              : partial_tag_suffix(pending_, {"\n</think>", kClose});
+                              ? held_back(pending_, {"\n</think>", kClose, "\n<tool_call>", kToolCall})
+                              : held_back(pending_, {"\n</think>", kClose});
       out.reasoning += std::string_view(pending_).substr(0, pending_.size() - hold);
       pending_.erase(0, pending_.size() - hold);
       break;
@@ -70,7 +70,7 @@ ReasoningSplitter::Pieces ReasoningSplitter::push(std::string_view text) {
       drop_newline_ = true;
       continue;
     }
-    const size_t hold = partial_tag_suffix(pending_, {kOpen});
+    const size_t hold = held_back(pending_, {kOpen});
     out.content += std::string_view(pending_).substr(0, pending_.size() - hold);
     pending_.erase(0, pending_.size() - hold);
     break;
@@ -85,4 +85,4 @@ ReasoningSplitter::Pieces ReasoningSplitter::finish() {
   return out;
 }
 
-}  // namespace qinfer::server
+}  // namespace qinfer::engine

@@ -16,7 +16,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/generate.h"
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 #include "models/model.h"
 
 namespace qinfer::engine::testing {

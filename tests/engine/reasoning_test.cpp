@@ -1,10 +1,10 @@
 // The reasoning splitter: Qwen3 writes <think> itself, Qwen3.5's prompt opens it; tags and the
 // newlines around them are layout; the same split whatever the chunking.
-#include "server/reasoning.h"
+#include "engine/reasoning.h"
 
 #include <gtest/gtest.h>
 
-namespace qinfer::server {
+namespace qinfer::engine {
 namespace {
 
 std::pair<std::string, std::string> split(bool inside, const std::vector<std::string>& chunks,
@@ -65,4 +65,4 @@ TEST(ReasoningSplitter, PromptOpensReasoning) {
 }
 
 }  // namespace
-}  // namespace qinfer::server
+}  // namespace qinfer::engine

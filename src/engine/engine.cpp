@@ -1,0 +1,550 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/block_manager.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "engine/text_stream.h"
+
+namespace qinfer::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+
+// log-softmax of one raw logits row at `token`, and the `top` most likely ids (lower id first on ties).
+TokenLogprob logprob_of(const float* row, int64_t vocab, int32_t token, int32_t top) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t v = 0; v < vocab; ++v)
+    if (row[v] > max) max = row[v];
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v)
+    if (!std::isnan(row[v])) sum += std::exp(static_cast<double>(row[v]) - max);
+  const double log_total = max + std::log(sum);
+  TokenLogprob out{token, static_cast<float>(row[token] - log_total), {}};
+  if (top > 0) {
+    auto key = [&](int32_t v) { return std::isnan(row[v]) ? -std::numeric_limits<float>::infinity() : row[v]; };
+    std::vector<int32_t> ids(static_cast<size_t>(vocab));
+    std::iota(ids.begin(), ids.end(), 0);
+    const auto end = ids.begin() + std::min<int64_t>(top, vocab);
+    std::partial_sort(ids.begin(), end, ids.end(),
+                      [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+    for (auto it = ids.begin(); it != end; ++it)
+      out.top.emplace_back(*it, static_cast<float>(row[*it] - log_total));
+  }
+  return out;
+}
+
+EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
+  const int64_t positions = model.config().max_position_embeddings;
+  QINFER_CHECK(o.block_size > 0, "engine: block_size must be positive, got {}", o.block_size);
+  QINFER_CHECK(o.max_running > 0, "engine: max_running must be positive, got {}", o.max_running);
+  QINFER_CHECK(o.max_waiting > 0, "engine: max_waiting must be positive, got {}", o.max_waiting);
+  QINFER_CHECK(o.step_token_budget >= o.max_running,
+               "engine: step_token_budget ({}) must be at least max_running ({}) so that every running "
+               "sequence can decode in each step",
+               o.step_token_budget, o.max_running);
+  QINFER_CHECK(o.max_context >= 0 && o.max_context <= positions,
+               "engine: max_context {} is outside 0..{} (the model's max_position_embeddings)", o.max_context,
+               positions);
+  QINFER_CHECK(o.kv_blocks >= 0, "engine: kv_blocks must not be negative, got {}", o.kv_blocks);
+  QINFER_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "engine: memory_fraction {} is outside (0, 1]",
+               o.memory_fraction);
+  EngineOptions r = o;
+  if (r.max_context == 0) r.max_context = positions;
+  if (r.kv_blocks == 0) {
+    r.kv_blocks = r.max_running * blocks_for(r.max_context, r.block_size);
+    // On a device with its own memory, the pool takes what is free (after the weights), not more.
+    if (const std::optional<uint64_t> free = model.ops().free_memory()) {
+      r.kv_blocks = std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free));
+      log_info("engine: {} KV blocks of {} tokens in {:.2f} GB of free device memory", r.kv_blocks, r.block_size,
+               static_cast<double>(*free) / 1e9);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes) {
+  const double block_bytes = 2.0 * static_cast<double>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim) * 4;
+  // The engine's slots and the runner's scratch slot.
+  const double state_bytes = static_cast<double>(o.max_running + 1) * static_cast<double>(s.linear_layers) * 4.0 *
+                             static_cast<double>(s.conv_window * s.conv_channels +
+                                                 s.value_heads * s.value_head_dim * s.key_head_dim);
+  const double budget = static_cast<double>(free_bytes) * o.memory_fraction - state_bytes;
+  QINFER_CHECK(budget >= 2 * block_bytes,
+               "engine: {:.2f} GB of free device memory x memory fraction {} leaves no room for the KV cache after "
+               "{:.2f} GB of recurrent state for {} sequences (lower --max-running or raise --memory-fraction)",
+               static_cast<double>(free_bytes) / 1e9, o.memory_fraction, state_bytes / 1e9, o.max_running);
+  if (block_bytes == 0) return std::numeric_limits<int32_t>::max();  // no attention layers: nothing to hold
+  return static_cast<int64_t>(budget / block_bytes) - 1;  // one scratch block for padding rows
+}
+
+struct Engine::Impl {
+  // One request, shared by the two threads: params and sink are fixed at submit; `live` and
+  // `admitted` are the model thread's, `choices` and `sink_threw` the output thread's.
+  struct Request {
+    struct Choice {
+      std::optional<TextStream> text;
+      bool finished = false;  // its finished event went to the sink
+      int64_t cached_prompt_tokens = 0, completion_tokens = 0;
+    };
+    uint64_t id = 0;
+    RequestParams params;
+    SequenceLimits limits;
+    EventSink sink;
+    int32_t live = 0;
+    bool admitted = false;
+    std::vector<Choice> choices;
+    bool sink_threw = false;
+    int32_t unfinished = 0;
+    // Set by cancel() at once: no delta reaches the sink after it, though steps already run are queued.
+    std::atomic<bool> cancelled{false};
+  };
+  using RequestPtr = std::shared_ptr<Request>;
+
+  // What the output thread works on, in the order the model thread produced it.
+  struct Output {
+    std::vector<SampledToken> tokens;
+    std::vector<RequestPtr> requests;  // tokens[i]'s request
+    Tensor logits;                     // rows by SampledToken::row, when some request wants logprobs
+    // Or: a request ended by the engine (cancelled, failed): its unfinished choices finish so.
+    RequestPtr ended;
+    std::string reason, error;
+  };
+
+  Impl(models::Runner& model, const tokenizer::Tokenizer& tokenizer, const EngineOptions& options)
+      : model(model),
+        tokenizer(tokenizer),
+        options(options),
+        blocks(options.kv_blocks, options.block_size,
+               model.cache_shape().linear_layers > 0 ? options.max_running : 0),
+        scheduler({options.max_running, options.step_token_budget}, blocks),
+        runner(model, {options.kv_blocks, options.block_size, blocks.total_slots(), options.max_running,
+                       options.max_context, tokenizer.vocab_size()}) {}
+
+  void validate(const RequestParams& p) const;
+  void model_loop();
+  void step();
+  void end_request(uint64_t id, const std::string& reason, const std::string& error);
+  void take_inbox();
+  void shut_down();
+  void push_output(Output out, bool wait_for_room);
+  void publish();
+
+  void output_loop();
+  void process(Output& out);
+  void emit(Request& r, Event e);
+  void finish_choice(Request& r, int32_t choice, const std::string& reason, const std::string& error);
+
+  models::Runner& model;
+  const tokenizer::Tokenizer& tokenizer;
+  const EngineOptions options;
+  BlockManager blocks;
+  Scheduler scheduler;
+  ModelRunner runner;
+
+  // Shared by every thread: under mu.
+  mutable std::mutex mu;
+  std::condition_variable wake;        // the model thread: inbox, cancels, finishes, stopping
+  std::condition_variable output_cv;   // the output thread: outputs; the model thread: room in it
+  std::deque<RequestPtr> inbox;
+  std::vector<uint64_t> cancels;
+  struct Finish {
+    uint64_t request;
+    int32_t choice;  // -1: every choice
+  };
+  std::vector<Finish> finishes;  // choices the output thread ended (stop strings, sinks that threw)
+  std::deque<Output> outputs;
+  bool output_busy = false;
+  bool stopping = false, output_stopping = false;
+  uint64_t next_id = 1;
+  EngineStats published;
+  std::unordered_map<uint64_t, std::weak_ptr<Request>> unfinished;  // for cancel()
+
+  // The model thread's own.
+  std::map<uint64_t, RequestPtr> requests;
+  EngineStats totals;
+
+  std::thread model_thread, output_thread;
+};
+
+void Engine::Impl::validate(const RequestParams& p) const {
+  const int64_t L = static_cast<int64_t>(p.prompt.size()), vocab = model.config().vocab_size;
+  QINFER_CHECK(L > 0, "request: the prompt is empty");
+  for (size_t i = 0; i < p.prompt.size(); ++i)
+    QINFER_CHECK(p.prompt[i] >= 0 && p.prompt[i] < vocab,
+                 "request: prompt token {} (at position {}) is outside the vocabulary 0..{}", p.prompt[i], i,
+                 vocab - 1);
+  QINFER_CHECK(L < options.max_context,
+               "request: the prompt has {} tokens but the context limit is {} (prompt + completion)", L,
+               options.max_context);
+  QINFER_CHECK(p.max_tokens >= 1, "request: max_tokens must be at least 1, got {}", p.max_tokens);
+  QINFER_CHECK(p.n >= 1 && p.n <= options.max_running,
+               "request: n must be between 1 and {} (the engine's max_running), got {}", options.max_running, p.n);
+  QINFER_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20,
+               "request: top_logprobs must be between 0 and 20 (or -1: none), got {}", p.top_logprobs);
+  const SamplingParams& s = p.sampling;
+  QINFER_CHECK(std::isfinite(s.temperature) && s.temperature >= 0,
+               "request: temperature must be a finite number >= 0, got {}", s.temperature);
+  QINFER_CHECK(s.top_k >= 0, "request: top_k must be >= 0 (0: off), got {}", s.top_k);
+  QINFER_CHECK(s.top_p > 0 && s.top_p <= 1, "request: top_p must be in (0, 1], got {}", s.top_p);
+  QINFER_CHECK(s.min_p >= 0 && s.min_p <= 1, "request: min_p must be in [0, 1], got {}", s.min_p);
+  QINFER_CHECK(std::isfinite(s.repetition_penalty) && s.repetition_penalty > 0,
+               "request: repetition_penalty must be a finite number > 0, got {}", s.repetition_penalty);
+  QINFER_CHECK(std::isfinite(s.presence_penalty) && std::isfinite(s.frequency_penalty),
+               "request: presence_penalty and frequency_penalty must be finite");
+  for (const std::string& stop : p.stop) QINFER_CHECK(!stop.empty(), "request: a stop string is empty");
+  // The last sampled token is never fed back, so the cache holds at most longest - 1 tokens.
+  const int64_t longest = std::min<int64_t>(L + p.max_tokens, options.max_context);
+  const int64_t needed = blocks_for(longest - 1, options.block_size);
+  QINFER_CHECK(needed <= options.kv_blocks,
+               "request: the prompt ({} tokens) + max_tokens ({}) needs {} KV blocks of {} tokens, more than the "
+               "whole cache ({} blocks); lower max_tokens or shorten the prompt",
+               L, p.max_tokens, needed, options.block_size, options.kv_blocks);
+}
+
+// --- the model thread ------------------------------------------------------------------------------
+
+void Engine::Impl::model_loop() {
+  while (true) {
+    std::vector<uint64_t> cancelled;
+    std::vector<Finish> finished;
+    {
+      std::unique_lock lock(mu);
+      wake.wait(lock, [&] {
+        return stopping || !inbox.empty() || !cancels.empty() || !finishes.empty() || !scheduler.idle();
+      });
+      if (stopping) break;
+      cancelled.swap(cancels);
+      finished.swap(finishes);
+    }
+    take_inbox();
+    for (const Finish& f : finished)
+      if (auto it = requests.find(f.request); it != requests.end()) {
+        it->second->live -= static_cast<int32_t>(scheduler.finish(f.request, "stop", f.choice).size());
+        if (it->second->live <= 0) requests.erase(it);
+      }
+    for (uint64_t id : cancelled) end_request(id, "cancelled", "");
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A bug outside the model step: the running requests' state is unknown, end them.
+      for (uint64_t id : scheduler.requests()) end_request(id, "error", fmt::format("the engine step failed: {}", e.what()));
+    }
+    publish();
+  }
+  shut_down();
+}
+
+void Engine::Impl::take_inbox() {
+  std::deque<RequestPtr> arrived;
+  {
+    std::lock_guard lock(mu);
+    arrived.swap(inbox);
+    published.waiting += static_cast<int64_t>(arrived.size());  // still waiting, now in the scheduler's queue
+  }
+  for (RequestPtr& r : arrived) {
+    const RequestParams& p = r->params;
+    auto s = std::make_unique<Sequence>();
+    s->request = r->id;
+    s->tokens = p.prompt;
+    s->prompt_tokens = static_cast<int32_t>(p.prompt.size());
+    s->sampling = p.sampling;
+    s->limits = &r->limits;
+    s->forks = p.n - 1;
+    if (s->forks > 0) s->fork_at = (s->prompt_tokens - 1) / options.block_size * options.block_size;
+    r->live = p.n;
+    scheduler.add(std::move(s));
+    requests.emplace(r->id, std::move(r));
+  }
+}
+
+void Engine::Impl::step() {
+  const auto start = Clock::now();
+  StepPlan plan = scheduler.schedule();
+  if (plan.empty()) return;
+  bool logprobs = false;
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    Request& r = *requests.at(c.sequence->request);
+    if (!r.admitted) {
+      r.admitted = true;
+      totals.prompt_tokens_total += static_cast<int64_t>(r.params.prompt.size());
+    }
+    logprobs = logprobs || (c.samples && r.params.top_logprobs >= 0);
+  }
+  double host = since(start);
+  const auto forward_start = Clock::now();
+  ModelRunner::Result result;
+  try {
+    result = runner.run(plan, logprobs);
+  } catch (const std::exception& e) {
+    // The cache of every sequence in the step may be half-written: end their requests.
+    for (uint64_t id : Scheduler::requests_of(plan))
+      end_request(id, "error", fmt::format("the model step running this request failed: {}", e.what()));
+    return;
+  }
+  totals.forward_seconds_total += since(forward_start);
+  const auto post_start = Clock::now();
+  Output out;
+  out.tokens = scheduler.postprocess(plan, result.ids);
+  out.logits = std::move(result.logits);
+  for (const SampledToken& t : out.tokens) {
+    auto it = requests.find(t.request);
+    out.requests.push_back(it->second);
+    if (!t.finish_reason.empty() && --it->second->live <= 0) requests.erase(it);
+  }
+  ++totals.steps_total;
+  totals.decode_steps_total += plan.decode_only();
+  totals.host_seconds_total += host + since(post_start);
+  publish();  // before the sinks see this step's tokens
+  if (!out.tokens.empty()) push_output(std::move(out), /*wait_for_room=*/true);
+}
+
+void Engine::Impl::end_request(uint64_t id, const std::string& reason, const std::string& error) {
+  auto it = requests.find(id);
+  if (it == requests.end()) return;
+  scheduler.finish(id, reason);
+  Output out;
+  out.ended = it->second;
+  out.reason = reason;
+  out.error = error;
+  requests.erase(it);
+  push_output(std::move(out), /*wait_for_room=*/false);
+}
+
+void Engine::Impl::push_output(Output out, bool wait_for_room) {
+  std::unique_lock lock(mu);
+  // At most two steps behind: a slow sink slows the model thread instead of growing the queue.
+  if (wait_for_room) output_cv.wait(lock, [&] { return outputs.size() < 2; });
+  outputs.push_back(std::move(out));
+  output_cv.notify_all();
+}
+
+void Engine::Impl::publish() {
+  EngineStats s = totals;
+  const SchedulerCounts c = scheduler.counts();
+  s.running = c.running;
+  s.waiting = c.waiting;
+  s.preemptions_total = c.preemptions;
+  s.kv_blocks_total = blocks.total_blocks();
+  s.kv_blocks_used = blocks.used_blocks();
+  s.state_slots_total = blocks.total_slots();
+  s.state_slots_used = blocks.used_slots();
+  std::lock_guard lock(mu);
+  s.completion_tokens_total = published.completion_tokens_total;  // the output thread's count
+  published = s;
+}
+
+void Engine::Impl::shut_down() {
+  // Until the queue stays empty: a sink may still submit while its request is being cancelled.
+  while (true) {
+    take_inbox();
+    std::vector<uint64_t> ids;
+    for (const auto& [id, r] : requests) ids.push_back(id);
+    for (uint64_t id : ids) end_request(id, "cancelled", "");
+    publish();
+    std::unique_lock lock(mu);
+    output_cv.wait(lock, [&] { return outputs.empty() && !output_busy; });
+    if (inbox.empty()) {
+      output_stopping = true;
+      output_cv.notify_all();
+      return;
+    }
+  }
+}
+
+// --- the output thread -----------------------------------------------------------------------------
+
+void Engine::Impl::output_loop() {
+  while (true) {
+    Output out;
+    {
+      std::unique_lock lock(mu);
+      output_cv.wait(lock, [&] { return output_stopping || !outputs.empty(); });
+      if (outputs.empty()) return;
+      out = std::move(outputs.front());
+      outputs.pop_front();
+      output_busy = true;
+      output_cv.notify_all();  // room for the model thread
+    }
+    process(out);
+    std::lock_guard lock(mu);
+    output_busy = false;
+    output_cv.notify_all();
+  }
+}
+
+void Engine::Impl::process(Output& out) {
+  if (out.ended) {
+    Request& r = *out.ended;
+    for (int32_t c = 0; c < static_cast<int32_t>(r.choices.size()); ++c) finish_choice(r, c, out.reason, out.error);
+    return;
+  }
+  // Counted before any sink hears of them (a choice has one token in a step).
+  int64_t counted = 0;
+  for (size_t i = 0; i < out.tokens.size(); ++i)
+    counted += !out.requests[i]->choices[static_cast<size_t>(out.tokens[i].choice)].finished;
+  {
+    std::lock_guard lock(mu);
+    published.completion_tokens_total += counted;
+  }
+  const int64_t vocab = out.logits.data ? out.logits.dim(1) : 0;
+  for (size_t i = 0; i < out.tokens.size(); ++i) {
+    const SampledToken& t = out.tokens[i];
+    Request& r = *out.requests[i];
+    Request::Choice& c = r.choices[static_cast<size_t>(t.choice)];
+    if (c.finished) continue;  // ended here already (a stop string, a sink that threw)
+    try {
+      ++c.completion_tokens;
+      c.cached_prompt_tokens = t.cached_prompt_tokens;
+      if (!c.text) c.text.emplace(tokenizer, r.params.stop);
+      if (t.stop_id) {
+        if (std::string rest = c.text->finish(); !rest.empty()) emit(r, Event{Event::Kind::delta, t.choice, std::move(rest)});
+        finish_choice(r, t.choice, "stop", "");
+        continue;
+      }
+      Event delta{Event::Kind::delta, t.choice, c.text->push(t.token), {t.token}};
+      if (r.params.top_logprobs >= 0)
+        delta.logprobs.push_back(
+            logprob_of(out.logits.ptr<float>() + int64_t{t.row} * vocab, vocab, t.token, r.params.top_logprobs));
+      const bool stopped = c.text->stopped();
+      if (!stopped && !t.finish_reason.empty()) delta.text += c.text->finish();
+      emit(r, std::move(delta));
+      if (stopped) {
+        finish_choice(r, t.choice, "stop", "");
+        // The model thread may have run it a step further; it frees it now.
+        if (t.finish_reason.empty()) {
+          std::lock_guard lock(mu);
+          finishes.push_back({r.id, t.choice});
+          wake.notify_one();
+        }
+      } else if (!t.finish_reason.empty()) {
+        finish_choice(r, t.choice, t.finish_reason, "");
+      }
+    } catch (const std::exception& e) {
+      for (int32_t k = 0; k < static_cast<int32_t>(r.choices.size()); ++k)
+        finish_choice(r, k, "error", fmt::format("processing a generated token failed: {}", e.what()));
+      std::lock_guard lock(mu);
+      finishes.push_back({r.id, -1});
+      wake.notify_one();
+    }
+  }
+}
+
+void Engine::Impl::emit(Request& r, Event e) {
+  const bool finished = e.kind == Event::Kind::finished;
+  if ((r.sink_threw || r.cancelled) && !finished) return;
+  std::string what;
+  try {
+    r.sink(e);
+    return;
+  } catch (const std::exception& ex) {
+    what = ex.what();
+  } catch (...) {
+    what = "an exception that is not a std::exception";
+  }
+  if (r.sink_threw) return;
+  // A sink that throws ends its request; its unfinished choices still get their finished event.
+  r.sink_threw = true;
+  for (int32_t c = 0; c < static_cast<int32_t>(r.choices.size()); ++c)
+    finish_choice(r, c, "error", "the request's event sink threw: " + what);
+  std::lock_guard lock(mu);
+  finishes.push_back({r.id, -1});
+  wake.notify_one();
+}
+
+void Engine::Impl::finish_choice(Request& r, int32_t choice, const std::string& reason, const std::string& error) {
+  Request::Choice& c = r.choices[static_cast<size_t>(choice)];
+  if (c.finished) return;
+  c.finished = true;
+  if (--r.unfinished == 0) {
+    std::lock_guard lock(mu);
+    unfinished.erase(r.id);
+  }
+  Event e{Event::Kind::finished, choice};
+  e.finish_reason = reason;
+  e.error = error;
+  e.prompt_tokens = static_cast<int64_t>(r.params.prompt.size());
+  e.cached_prompt_tokens = c.cached_prompt_tokens;
+  e.completion_tokens = c.completion_tokens;
+  emit(r, std::move(e));
+}
+
+// --- Engine ------------------------------------------------------------------------------------------
+
+Engine::Engine(models::Runner& model, const tokenizer::Tokenizer& tokenizer, const EngineOptions& options)
+    : options_(resolve(options, model)), impl_(std::make_unique<Impl>(model, tokenizer, options_)) {
+  impl_->totals.recording_seconds = impl_->runner.record_decode_steps();
+  impl_->publish();
+  impl_->output_thread = std::thread([impl = impl_.get()] { impl->output_loop(); });
+  impl_->model_thread = std::thread([impl = impl_.get()] { impl->model_loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->wake.notify_one();
+  impl_->model_thread.join();
+  impl_->output_thread.join();
+}
+
+std::optional<uint64_t> Engine::submit(RequestParams params, EventSink sink) {
+  impl_->validate(params);
+  QINFER_CHECK(static_cast<bool>(sink), "request: the event sink is empty");
+  auto request = std::make_shared<Impl::Request>();
+  request->choices.resize(static_cast<size_t>(params.n));
+  request->unfinished = params.n;
+  request->limits = {params.max_tokens, options_.max_context, params.stop_ids};
+  request->params = std::move(params);
+  request->sink = std::move(sink);
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(impl_->mu);
+    const int64_t waiting = impl_->published.waiting + static_cast<int64_t>(impl_->inbox.size());
+    if (waiting >= options_.max_waiting) return std::nullopt;
+    id = request->id = impl_->next_id++;
+    impl_->unfinished.emplace(id, request);
+    impl_->inbox.push_back(std::move(request));
+  }
+  impl_->wake.notify_one();
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (auto it = impl_->unfinished.find(id); it != impl_->unfinished.end())
+      if (auto request = it->second.lock()) request->cancelled = true;
+    impl_->cancels.push_back(id);
+  }
+  impl_->wake.notify_one();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(impl_->mu);
+  EngineStats s = impl_->published;
+  s.waiting += static_cast<int64_t>(impl_->inbox.size());
+  return s;
+}
+
+}  // namespace qinfer::engine

@@ -1,0 +1,123 @@
+#pragma once
+// The engine: continuous batching over one model. Requests arrive from any thread; a model thread
+// owns the model and its caches and loops schedule() → run the plan → postprocess(); an output
+// thread turns sampled ids into text (detokenizing, stop strings, logprobs) and calls each request's
+// sink. `qinfer serve`, `run`, `chat` and generate() all submit here.
+//
+// - Scheduling policy: engine/scheduler.h. Blocks and slots: engine/block_manager.h. The forward,
+//   its recorded decode steps and sampling: engine/model_runner.h.
+// - A failing model step ends every request in that step with "error" (their caches may be
+//   half-written); a failure while handling one choice's token, or a sink that throws, ends only
+//   that request. Both threads keep going.
+// - The output thread runs at most two steps behind the model thread; a sink that blocks holds
+//   the model thread after that.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/sampling.h"
+#include "models/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qinfer::engine {
+
+struct EngineOptions {
+  int64_t kv_blocks = 0;         // KV blocks in the pool (0: enough for max_running × max_context, within
+                                 // memory_fraction of a device's free memory)
+  double memory_fraction = 0.9;  // of a GPU's free memory the KV pool and recurrent states may take
+  int32_t block_size = 16;       // tokens per KV block
+  int32_t max_running = 64;      // sequences decoding at once (also the number of recurrent-state slots)
+  int32_t max_waiting = 256;     // queued requests beyond which submit() refuses (HTTP 429)
+  int32_t step_token_budget = 2048;  // tokens one forward may carry (decodes first, then prefill chunks)
+  int64_t max_context = 0;       // prompt + completion limit per sequence (0: the model's max positions)
+};
+
+// KV blocks that fit `free_bytes` × o.memory_fraction after the recurrent states of o.max_running
+// sequences; throws when not even one block does.
+int64_t kv_blocks_in_memory(const CacheShape& shape, const EngineOptions& o, uint64_t free_bytes);
+
+struct RequestParams {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;       // seed applies to choice 0; choice i uses seed + i
+  int32_t max_tokens = 256;      // completion tokens per choice
+  int32_t n = 1;                 // choices sampled from the same prompt
+  std::vector<std::string> stop;     // stop strings: output ends before the first match
+  std::vector<int32_t> stop_ids;     // token ids that end a choice (not part of the output)
+  int32_t top_logprobs = -1;     // -1: no logprobs; 0..20: the chosen token's logprob and this many alternatives
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;  // log-softmax of the raw logits (before penalties and temperature)
+  std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely ids, most likely first
+};
+
+// What a request's sink receives. Every choice gets zero or more `delta`s, then exactly one `finished`.
+struct Event {
+  enum class Kind { delta, finished } kind = Kind::delta;
+  int32_t choice = 0;
+  std::string text;                    // new UTF-8-complete text (stop strings and their prefixes held back)
+  // The tokens this delta adds: every sampled token but a stop id, the one completing a stop string
+  // included (its text is cut before the match).
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;  // one per token when requested
+  // kind == finished:
+  std::string finish_reason;           // "stop" | "length" | "cancelled" | "error"
+  std::string error;                   // why, when finish_reason == "error"
+  // Per choice. completion_tokens counts every sampled token, a final stop id included.
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0, completion_tokens = 0;
+};
+
+using EventSink = std::function<void(const Event&)>;
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;  // sequences (one per choice; a preempted one waits again)
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t state_slots_total = 0, state_slots_used = 0;
+  int64_t prompt_tokens_total = 0, completion_tokens_total = 0;
+  int64_t preemptions_total = 0;
+  // Model steps, and where their time went: the model thread's own work (scheduling, building the
+  // batch, postprocessing) and the forward with sampling (the device's time, as the host waits for it).
+  int64_t steps_total = 0, decode_steps_total = 0;
+  double host_seconds_total = 0, forward_seconds_total = 0;
+  double recording_seconds = 0;  // the decode steps recorded at start-up
+};
+
+class Engine {
+ public:
+  // Records the decode steps (on a backend that records) and starts the threads. The model and
+  // tokenizer must outlive the engine, and nothing else may run the model meanwhile. Bad options
+  // (step_token_budget < max_running, …) throw.
+  Engine(models::Runner& model, const tokenizer::Tokenizer& tokenizer, const EngineOptions& options);
+  // Finishes every pending request with "cancelled", joins the threads. Not from inside a sink.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. Returns its id, or nullopt when the queue is full. Invalid params throw
+  // qinfer::Error before anything is queued: an empty prompt, a prompt id outside the vocabulary,
+  // a prompt of max_context tokens or more, n outside 1..max_running, bad sampling values, an empty
+  // stop string, or a request that could never fit (prompt + max_tokens needs more KV blocks than
+  // the whole pool). The sink is called on the output thread: it may call submit() and cancel(); it
+  // should return quickly.
+  std::optional<uint64_t> submit(RequestParams params, EventSink sink);
+  // Ends a request: its sequences are freed within one step and each unfinished choice gets
+  // `finished` with "cancelled". Unknown or finished ids are ignored. Any thread.
+  void cancel(uint64_t id);
+
+  EngineStats stats() const;
+  // The options in effect: kv_blocks and max_context resolved from their 0 defaults.
+  const EngineOptions& options() const { return options_; }
+
+  struct Impl;
+
+ private:
+  EngineOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qinfer::engine

@@ -1,0 +1,136 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
+
+namespace qinfer::engine {
+
+Tensor text_logits(Ops& ops, const Tensor& logits, int64_t text_vocab) {
+  const int64_t rows = logits.dim(0);
+  if (logits.dim(1) <= text_vocab) return logits;
+  Tensor narrow = ops.alloc_output(DType::f32, {rows, text_vocab});
+  ops.copy_columns(logits, 0, narrow, 0, text_vocab);
+  return narrow;
+}
+
+std::vector<int32_t> decode_buckets(int32_t max_batch) {
+  std::vector<int32_t> sizes;
+  for (int32_t b = 1; b < max_batch;) {
+    sizes.push_back(b);
+    // Doubling up to 16, then a half step between doublings (24, 48, 96, ...): padding stays ≤ 1/3.
+    const int32_t next = b < 16 ? 2 * b : (b & (b - 1)) == 0 ? b + b / 2 : b / 3 * 4;
+    b = next;
+  }
+  sizes.push_back(max_batch);
+  return sizes;
+}
+
+namespace {
+
+ModelCache make_runner_cache(const models::Runner& model, const RunnerOptions& o) {
+  QINFER_CHECK(o.kv_blocks > 0 && o.block_size > 0 && o.max_batch > 0 && o.max_context > 0 && o.text_vocab > 0,
+               "model runner: blocks, block size, batch, context and vocabulary must be positive");
+  // One block and one slot past the block manager's: what padding rows of a decode step use.
+  return model.make_cache(o.kv_blocks + 1, o.block_size, o.state_slots + 1);
+}
+
+}  // namespace
+
+ModelRunner::ModelRunner(models::Runner& model, const RunnerOptions& options)
+    : model_(model),
+      options_(options),
+      cache_(make_runner_cache(model, options)),
+      records_(model.ops().records_steps()),
+      width_(static_cast<int32_t>((options.max_context + options.block_size - 1) / options.block_size)) {
+  if (records_) buckets_ = decode_buckets(options.max_batch);
+  scratch_.blocks = {static_cast<int32_t>(options.kv_blocks)};
+  scratch_.slot = options.state_slots > 0 ? static_cast<int32_t>(options.state_slots) : -1;
+}
+
+double ModelRunner::record_decode_steps() {
+  if (buckets_.empty()) return 0;
+  const auto start = std::chrono::steady_clock::now();
+  ProgressBar progress("recording decode steps", buckets_.size(), ProgressBar::Unit::items);
+  for (const int32_t bucket : buckets_) {
+    // A key's first step runs as is, its second is recorded (Ops::begin_step).
+    for (int run = 0; run < 2; ++run) {
+      std::vector<SequenceCache> views(static_cast<size_t>(bucket), scratch_);
+      models::Batch batch;
+      batch.block_table_width = width_;
+      for (SequenceCache& v : views) batch.sequences.push_back({{0}, &v, false});
+      (void)to_host(model_.ops(), text_logits(model_.ops(), model_.forward(batch, cache_), options_.text_vocab));
+    }
+    progress.advance();
+  }
+  progress.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_info("recorded decode steps for {} batch sizes (1..{}) in {:.2f} s", buckets_.size(), buckets_.back(), seconds);
+  return seconds;
+}
+
+ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
+  for (const auto& [from, to] : plan.copy_slots) cache_.restore(to, cache_.snapshot(from));
+  // After the copies: a slot freed by a fork's parent may be handed out again in the same plan.
+  for (const int32_t slot : plan.zero_slots) cache_.reset_slot(slot);
+
+  // A decode step is padded up to the next recorded batch size, whose graph then replays.
+  size_t rows = plan.chunks.size();
+  const bool padded = records_ && plan.decode_only();
+  if (padded) {
+    const auto bucket = std::lower_bound(buckets_.begin(), buckets_.end(), static_cast<int32_t>(rows));
+    QINFER_CHECK(bucket != buckets_.end(), "model runner: a decode step of {} sequences, past the largest batch {}",
+                 rows, buckets_.back());
+    rows = static_cast<size_t>(*bucket);
+  }
+  // The forward advances copies of the caches; the scheduler's postprocess advances the sequences'.
+  std::vector<SequenceCache> views;
+  views.reserve(rows);  // never reallocated: the batch points into it
+  models::Batch batch;
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    const Sequence& s = *c.sequence;
+    views.push_back(s.cache);
+    const auto begin = s.tokens.begin() + s.cache.cached;
+    batch.sequences.push_back({std::vector<int32_t>(begin, begin + c.tokens), &views.back(), false});
+  }
+  while (views.size() < rows) {
+    views.push_back(scratch_);
+    batch.sequences.push_back({{0}, &views.back(), false});
+  }
+  if (padded) batch.block_table_width = width_;
+  Ops& ops = model_.ops();
+  const Tensor logits = text_logits(ops, model_.forward(batch, cache_), options_.text_vocab);
+
+  // Rows that do not sample (prefill chunks, padding) take the cheap greedy pick.
+  std::vector<SamplingParams> params(rows);
+  std::vector<std::vector<int32_t>> history(rows);
+  std::vector<uint64_t> steps(rows, 0);
+  std::vector<size_t> sampling;
+  for (size_t r = 0; r < plan.chunks.size(); ++r) {
+    const StepPlan::Chunk& c = plan.chunks[r];
+    if (!c.samples) continue;
+    sampling.push_back(r);
+    params[r] = c.sequence->sampling;
+    if (has_penalties(params[r])) history[r] = c.sequence->tokens;  // the penalties are history's only use
+    steps[r] = static_cast<uint64_t>(c.sequence->generated());
+  }
+  Result result;
+  if (sampling.empty()) return result;
+  std::vector<int32_t> next;
+  ops.sample(logits, params, history, steps, next);
+  for (size_t r : sampling) result.ids.push_back(next[r]);
+  if (logprobs) {
+    const Tensor host = to_host(ops, logits);
+    const int64_t vocab = host.dim(1);
+    result.logits = host_tensor(DType::f32, {static_cast<int64_t>(sampling.size()), vocab});
+    for (size_t i = 0; i < sampling.size(); ++i)
+      std::copy_n(host.ptr<float>() + static_cast<int64_t>(sampling[i]) * vocab, vocab,
+                  result.logits.ptr<float>() + static_cast<int64_t>(i) * vocab);
+  }
+  return result;
+}
+
+}  // namespace qinfer::engine

@@ -1,0 +1,63 @@
+#pragma once
+// The only code that runs the model for the engine: turns a step plan into a forward (token ids,
+// each sequence's cache view), pads decode steps to a fixed ladder of batch sizes whose recordings
+// (CUDA graphs) are made once at start-up, and samples each sampling chunk's row on the device.
+#include <cstdint>
+#include <vector>
+
+#include "cache/cache.h"
+#include "engine/scheduler.h"
+#include "models/model.h"
+
+namespace qinfer::engine {
+
+// The logits rows sampling chooses from: the columns of ids the tokenizer has. Checkpoints round
+// vocab_size up (Qwen3: 151936 rows for 151669 tokens); those padding rows are no text, and a model
+// that has not learned to keep them low (random weights) would sample them. `logits` itself when it
+// has no such columns.
+Tensor text_logits(Ops& ops, const Tensor& logits, int64_t text_vocab);
+
+struct RunnerOptions {
+  int64_t kv_blocks = 0;      // the block manager's blocks (the runner adds one scratch block)
+  int32_t block_size = 16;
+  int64_t state_slots = 0;    // the block manager's slots (0: no recurrent state; else one scratch slot more)
+  int32_t max_batch = 1;      // the largest decode batch (the scheduler's max_running)
+  int64_t max_context = 0;    // tokens per sequence: the block tables' width of a recorded decode step
+  int64_t text_vocab = 0;     // logits columns that are text (text_logits)
+};
+
+// The decode batch sizes that get a recording: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, …
+// (doubling with a half step between), up to and including max_batch.
+std::vector<int32_t> decode_buckets(int32_t max_batch);
+
+class ModelRunner {
+ public:
+  ModelRunner(models::Runner& model, const RunnerOptions& options);
+
+  // Runs each bucket's decode step on scratch sequences so that the backend records it (where it
+  // records steps at all), with a progress bar; returns the seconds it took. Serving then replays.
+  double record_decode_steps();
+
+  struct Result {
+    std::vector<int32_t> ids;  // one per sampling chunk, in plan order
+    Tensor logits;             // with `logprobs`: host f32 [sampling chunks, text vocab], raw (for logprobs)
+  };
+  // Applies the plan's slot work, runs its forward and samples each sampling chunk's row (its seeded
+  // draw at step = tokens generated so far).
+  Result run(const StepPlan& plan, bool logprobs);
+
+  ModelCache& cache() { return cache_; }
+  bool records_steps() const { return records_; }
+  const std::vector<int32_t>& buckets() const { return buckets_; }
+
+ private:
+  models::Runner& model_;
+  RunnerOptions options_;
+  ModelCache cache_;
+  bool records_;
+  std::vector<int32_t> buckets_;
+  int32_t width_;  // block-table width of recorded decode steps
+  SequenceCache scratch_;  // what padding rows read and write: the scratch block and slot
+};
+
+}  // namespace qinfer::engine

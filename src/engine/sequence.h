@@ -1,0 +1,43 @@
+#pragma once
+// One choice of one request as the engine tracks it: its tokens (prompt + generated), where its
+// cache stands, how it samples, and whether it waits, runs or has finished.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/sampling.h"
+#include "cache/cache.h"
+
+namespace qinfer::engine {
+
+// What every choice of a request shares, fixed at submit.
+struct SequenceLimits {
+  int32_t max_tokens = 256;        // completion tokens
+  int64_t max_context = 0;         // prompt + completion
+  std::vector<int32_t> stop_ids;   // ids that end the choice (not part of the output)
+};
+
+struct Sequence {
+  enum class Status { waiting, running, finished };
+
+  uint64_t request = 0;  // the engine's request id
+  int32_t choice = 0;
+  std::vector<int32_t> tokens;  // prompt + generated; the cache holds tokens[0, cache.cached)
+  int32_t prompt_tokens = 0;
+  SequenceCache cache;
+  SamplingParams sampling;  // the request's, with seed + choice
+  const SequenceLimits* limits = nullptr;
+  // Choice 0 of an n > 1 request: choices 1..forks branch off once its cache holds fork_at tokens (the
+  // whole blocks before the last prompt token), sharing those blocks and a copy of the recurrent state.
+  int32_t forks = 0, fork_at = 0;
+  int32_t cached_prompt_tokens = 0;  // prompt tokens this choice did not compute itself
+  Status status = Status::waiting;
+  std::string finish_reason;  // once finished: "stop" | "length" | "cancelled" | "error"
+
+  int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_tokens; }
+  // Tokens the model has yet to read: 1 while decoding, more while prefilling.
+  int32_t uncached() const { return static_cast<int32_t>(tokens.size()) - cache.cached; }
+  bool finished() const { return status == Status::finished; }
+};
+
+}  // namespace qinfer::engine

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Serving throughput on the GPU machine: `qinfer serve` on random-weight released shapes (the real
+# Qwen3 tokenizer beside them), tools/loadgen.py at each concurrency, `qinfer bench` batch-1 decode
+# of the same checkpoint for the c1 comparison. Results (one JSON object per shape) go to
+# $OUT/serve_bench.json; the log to $OUT/serve_bench.log.
+#
+#   tools/gpu_bench/serve_bench.sh [--shapes qwen3-8b,qwen3_5-9b] [--concurrency 1,16,64,256]
+#       [--max-tokens 1024] [--prompt-words 90] [--max-running 256] [--level-timeout 150]
+# (carry build-pack and .deps/qwen3-tokenizer; the archive is unpacked into build-gpu)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+shapes=qwen3-8b concurrency=1,16,64,256 max_tokens=1024 prompt_words=90 max_running=256 level_timeout=150
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --shapes) shapes=$2 ;; --concurrency) concurrency=$2 ;; --max-tokens) max_tokens=$2 ;;
+    --prompt-words) prompt_words=$2 ;; --max-running) max_running=$2 ;; --level-timeout) level_timeout=$2 ;;
+    *) echo "serve_bench.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+out=${OUT:-.}
+log=$out/serve_bench.log
+results=$out/serve_bench.json
+mkdir -p build-gpu && tar -C build-gpu -xJf build-pack/gpu.tar.xz
+export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+qinfer=build-gpu/qinfer
+scratch=${TMPDIR:-/tmp}/serve-bench
+echo "[]" > "$results"
+for shape in ${shapes//,/ }; do
+  dir=$scratch/$shape
+  rm -rf "$dir"
+  start=$(date +%s)
+  $qinfer bench --shape "$shape" --save "$dir" >> "$log" 2>&1 || { echo "$shape: --save failed" | tee -a "$log"; continue; }
+  cp .deps/qwen3-tokenizer/tokenizer.json .deps/qwen3-tokenizer/tokenizer_config.json "$dir/"
+  echo "$shape: checkpoint in $(( $(date +%s) - start )) s" | tee -a "$log"
+  bench=$($qinfer bench --model "$dir" --device cuda --batch 1 --prompt 128 --gen 128 --context 128 --json 2>>"$log")
+  echo "$shape bench: $bench" | tee -a "$log"
+  port=8123
+  $qinfer serve --model "$dir" --device cuda --max-running "$max_running" --port $port >> "$log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
+    kill -0 $server 2> /dev/null || break
+    sleep 0.5
+  done
+  levels="[]"
+  for c in ${concurrency//,/ }; do
+    # One wave of `c` requests: every stream generates max_tokens (ignore_eos).
+    line=$(timeout "$level_timeout" python3 tools/loadgen.py --url "http://127.0.0.1:$port/v1" --concurrency "$c" \
+      --requests "$(( c > 1 ? c : 2 ))" --max-tokens "$max_tokens" --prompt-words "$prompt_words" --json 2>> "$log")
+    echo "$shape c$c: $line" | tee -a "$log"
+    [[ -n $line ]] && levels=$(python3 -c 'import json,sys; l=json.loads(sys.argv[1]); l.append(json.loads(sys.argv[2])); print(json.dumps(l))' "$levels" "$line")
+  done
+  metrics=$(curl -sf "http://127.0.0.1:$port/metrics" | grep -E '^qinfer_(engine|steps|decode|prompt|generation|preempt)' )
+  echo "$metrics" >> "$log"
+  kill -TERM $server; wait $server
+  python3 - "$results" "$shape" "$bench" "$levels" "$metrics" <<'PY'
+import json, sys
+path, shape, bench, levels, metrics = sys.argv[1:]
+all_ = json.load(open(path))
+try:
+    bench = json.loads(bench)
+except json.JSONDecodeError:
+    bench = {"raw": bench}
+all_.append({"shape": shape, "bench": bench, "levels": json.loads(levels), "metrics": metrics.splitlines()})
+json.dump(all_, open(path, "w"), indent=1)
+PY
+  rm -rf "$dir"
+done
+echo "done" | tee -a "$log"
