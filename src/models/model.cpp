@@ -123,10 +123,10 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
     layout.max_blocks = width;
     step_key = fmt::format("cache {}: decode {} sequences, {} blocks", cache.id(), batch.sequences.size(), width);
   }
-  for (const Batch::Sequence& s : batch.sequences) {
-    std::vector<int32_t> row = s.cache->blocks;
-    row.resize(layout.max_blocks, -1);
-    layout.block_table.insert(layout.block_table.end(), row.begin(), row.end());
+  layout.block_table.assign(batch.sequences.size() * static_cast<size_t>(layout.max_blocks), -1);
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const std::vector<int32_t>& blocks = batch.sequences[i].cache->blocks;
+    std::copy(blocks.begin(), blocks.end(), layout.block_table.begin() + static_cast<std::ptrdiff_t>(i * layout.max_blocks));
   }
   if (step_key.empty()) return run(batch, tokens, ctx, dump);
   ops_.begin_step(step_key);

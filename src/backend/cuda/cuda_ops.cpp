@@ -1517,18 +1517,27 @@ class CudaOps final : public Ops {
                                    int64_t tile_rows = kAttentionTileRows) {
     const int64_t S = layout.seqs.num_seqs();
     const auto& cu = layout.seqs.cu_seqlens;
-    blob_.clear();
-    blob_.insert(blob_.end(), cu.begin(), cu.end());
-    blob_.insert(blob_.end(), layout.cached.begin(), layout.cached.end());
-    blob_.insert(blob_.end(), layout.block_table.begin(), layout.block_table.end());
-    for (int64_t s = 0; s < S; ++s) {
-      for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
-        const int64_t position = layout.cached[s] + (t - cu[s]);
-        const int64_t block = layout.block_table[s * layout.max_blocks + position / layout.block_size];
-        blob_.push_back(static_cast<int32_t>(block * layout.block_size + position % layout.block_size));
+    // Every layer of a recorded step passes the model's one layout: its arrays are built and staged
+    // by the first (a decode step's block tables are S × the context's blocks: megabytes at S = 256).
+    const bool recorded = mode_ != Mode::eager;
+    const int32_t* base = layout_base_;
+    if (!recorded || layout_step_ != step_serial_ || layout_source_ != &layout) {
+      blob_.clear();
+      blob_.insert(blob_.end(), cu.begin(), cu.end());
+      blob_.insert(blob_.end(), layout.cached.begin(), layout.cached.end());
+      blob_.insert(blob_.end(), layout.block_table.begin(), layout.block_table.end());
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
+          const int64_t position = layout.cached[s] + (t - cu[s]);
+          const int64_t block = layout.block_table[s * layout.max_blocks + position / layout.block_size];
+          blob_.push_back(static_cast<int32_t>(block * layout.block_size + position % layout.block_size));
+        }
       }
+      base = upload(attention_layout_, blob_);
+      layout_step_ = recorded ? step_serial_ : 0;
+      layout_source_ = &layout;
+      layout_base_ = base;
     }
-    const int32_t* base = upload(attention_layout_, blob_);
     AttentionArrays arrays;
     arrays.cu_seqlens = base;
     arrays.cached = base + (S + 1);
@@ -1582,6 +1591,10 @@ class CudaOps final : public Ops {
   int sm_count_ = 0;
   size_t max_shared_ = 0;
   IndexUpload attention_layout_, attention_tiles_, conv_layout_, delta_layout_;
+  // upload_attention's arrays of the recorded step layout_step_ (0: none), for the layout at layout_source_.
+  uint64_t layout_step_ = 0;
+  const AttentionLayout* layout_source_ = nullptr;
+  const int32_t* layout_base_ = nullptr;
   // Recorded steps.
   static constexpr size_t kStagingBytes = size_t{16} << 20;
   static constexpr size_t kMaxRecordings = 64;
