@@ -84,8 +84,9 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
 
 int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes) {
   const double block_bytes = 2.0 * static_cast<double>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim) * 4;
-  // The engine's slots and the runner's scratch slot.
-  const double state_bytes = static_cast<double>(o.max_running + 1) * static_cast<double>(s.linear_layers) * 4.0 *
+  // The engine's slots and the runner's, one per padding row of a decode step.
+  const double slots = static_cast<double>(o.max_running + std::max(1, decode_padding(o.max_running)));
+  const double state_bytes = slots * static_cast<double>(s.linear_layers) * 4.0 *
                              static_cast<double>(s.conv_window * s.conv_channels +
                                                  s.value_heads * s.value_head_dim * s.key_head_dim);
   const double budget = static_cast<double>(free_bytes) * o.memory_fraction - state_bytes;

@@ -29,13 +29,21 @@ std::vector<int32_t> decode_buckets(int32_t max_batch) {
   return sizes;
 }
 
+int32_t decode_padding(int32_t max_batch) {
+  const std::vector<int32_t> sizes = decode_buckets(max_batch);
+  int32_t most = 0;
+  for (size_t i = 1; i < sizes.size(); ++i) most = std::max(most, sizes[i] - sizes[i - 1] - 1);
+  return most;
+}
+
 namespace {
 
 ModelCache make_runner_cache(const models::Runner& model, const RunnerOptions& o) {
   QINFER_CHECK(o.kv_blocks > 0 && o.block_size > 0 && o.max_batch > 0 && o.max_context > 0 && o.text_vocab > 0,
                "model runner: blocks, block size, batch, context and vocabulary must be positive");
-  // One block and one slot past the block manager's: what padding rows of a decode step use.
-  return model.make_cache(o.kv_blocks + 1, o.block_size, o.state_slots + 1);
+  // Past the block manager's: one block, and a slot per padding row of a decode step.
+  const int64_t padding = o.state_slots > 0 && model.ops().records_steps() ? decode_padding(o.max_batch) : 0;
+  return model.make_cache(o.kv_blocks + 1, o.block_size, o.state_slots + std::max<int64_t>(padding, 1));
 }
 
 }  // namespace
@@ -47,18 +55,25 @@ ModelRunner::ModelRunner(models::Runner& model, const RunnerOptions& options)
       records_(model.ops().records_steps()),
       width_(static_cast<int32_t>((options.max_context + options.block_size - 1) / options.block_size)) {
   if (records_) buckets_ = decode_buckets(options.max_batch);
-  scratch_.blocks = {static_cast<int32_t>(options.kv_blocks)};
-  scratch_.slot = options.state_slots > 0 ? static_cast<int32_t>(options.state_slots) : -1;
+  // Every padding row writes its key and value into the one scratch block: what lands there is never read.
+  for (int32_t i = 0; i < (records_ ? std::max(1, decode_padding(options.max_batch)) : 0); ++i)
+    padding_.push_back({{static_cast<int32_t>(options.kv_blocks)}, 0,
+                        options.state_slots > 0 ? static_cast<int32_t>(options.state_slots + i) : -1});
 }
 
 double ModelRunner::record_decode_steps() {
   if (buckets_.empty()) return 0;
   const auto start = std::chrono::steady_clock::now();
   ProgressBar progress("recording decode steps", buckets_.size(), ProgressBar::Unit::items);
+  const size_t most = static_cast<size_t>(options_.max_batch);
   for (const int32_t bucket : buckets_) {
-    // A key's first step runs as is, its second is recorded (Ops::begin_step).
+    // A key's first step runs as is, its second is recorded (Ops::begin_step). Its rows: padding rows
+    // and, past those, the block manager's first slots (zero when nothing runs yet).
     for (int run = 0; run < 2; ++run) {
-      std::vector<SequenceCache> views(static_cast<size_t>(bucket), scratch_);
+      std::vector<SequenceCache> views(padding_.begin(), padding_.begin() + std::min(padding_.size(), most));
+      for (int32_t slot = 0; views.size() < static_cast<size_t>(bucket); ++slot)
+        views.push_back({{static_cast<int32_t>(options_.kv_blocks)}, 0, options_.state_slots > 0 ? slot : -1});
+      views.resize(static_cast<size_t>(bucket));
       models::Batch batch;
       batch.block_table_width = width_;
       for (SequenceCache& v : views) batch.sequences.push_back({{0}, &v, false});
@@ -96,8 +111,8 @@ ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
     const auto begin = s.tokens.begin() + s.cache.cached;
     batch.sequences.push_back({std::vector<int32_t>(begin, begin + c.tokens), &views.back(), false});
   }
-  while (views.size() < rows) {
-    views.push_back(scratch_);
+  for (size_t i = 0; views.size() < rows; ++i) {
+    views.push_back(padding_.at(i));
     batch.sequences.push_back({{0}, &views.back(), false});
   }
   if (padded) batch.block_table_width = width_;

@@ -20,7 +20,8 @@ Tensor text_logits(Ops& ops, const Tensor& logits, int64_t text_vocab);
 struct RunnerOptions {
   int64_t kv_blocks = 0;      // the block manager's blocks (the runner adds one scratch block)
   int32_t block_size = 16;
-  int64_t state_slots = 0;    // the block manager's slots (0: no recurrent state; else one scratch slot more)
+  int64_t state_slots = 0;    // the block manager's slots (0: no recurrent state; else the runner adds
+                              // decode_padding(max_batch) scratch slots)
   int32_t max_batch = 1;      // the largest decode batch (the scheduler's max_running)
   int64_t max_context = 0;    // tokens per sequence: the block tables' width of a recorded decode step
   int64_t text_vocab = 0;     // logits columns that are text (text_logits)
@@ -29,6 +30,9 @@ struct RunnerOptions {
 // The decode batch sizes that get a recording: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, …
 // (doubling with a half step between), up to and including max_batch.
 std::vector<int32_t> decode_buckets(int32_t max_batch);
+// The most padding rows a decode step of at most max_batch sequences gets (63 for 256). Each has a
+// recurrent-state slot of its own: a batch's sequences never share one (Ops::conv1d_causal).
+int32_t decode_padding(int32_t max_batch);
 
 class ModelRunner {
  public:
@@ -57,7 +61,7 @@ class ModelRunner {
   bool records_;
   std::vector<int32_t> buckets_;
   int32_t width_;  // block-table width of recorded decode steps
-  SequenceCache scratch_;  // what padding rows read and write: the scratch block and slot
+  std::vector<SequenceCache> padding_;  // padding rows: the scratch block, a scratch slot each
 };
 
 }  // namespace qinfer::engine

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/model_runner.h"
 
 namespace qinfer::engine {
 namespace {
@@ -31,10 +32,12 @@ TEST(KvBlocksInMemory, RecurrentStatesComeFirst) {
   o.block_size = 16, o.max_running = 10, o.memory_fraction = 1.0;
   const uint64_t block = 2ull * 8 * 16 * 4 * 256 * 4;
   const uint64_t state = 24ull * 4 * (3 * 8192 + 32 * 128 * 128);  // one sequence
-  // The 10 sequences' states and the runner's scratch slot come first, then the scratch block.
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 11 * state + 7 * block), 6);
+  // The states of the 10 sequences and of the 3 padding rows a decode step may get (batch sizes 1, 2,
+  // 4, 8, 10: 5..7 pad to 8) come first, then the scratch block.
+  ASSERT_EQ(decode_padding(10), 3);
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 13 * state + 7 * block), 6);
   try {
-    kv_blocks_in_memory(s, o, 11 * state + block);
+    kv_blocks_in_memory(s, o, 13 * state + block);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("leaves no room for the KV cache"));

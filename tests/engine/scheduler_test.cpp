@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "engine/block_manager.h"
+#include "engine/model_runner.h"
 #include "engine/scheduler.h"
 
 namespace qinfer::engine {
@@ -212,6 +213,16 @@ TEST(Scheduler, CancellationFreesEverything) {
   EXPECT_TRUE(h.scheduler.idle());
   EXPECT_EQ(h.blocks.used_blocks(), 0);
   EXPECT_EQ(h.blocks.used_slots(), 0);
+}
+
+// The recorded decode batch sizes: the ladder, ending at max_batch; padding stays under a third.
+TEST(DecodeBuckets, LadderAndPadding) {
+  EXPECT_THAT(decode_buckets(256), ElementsAre(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256));
+  EXPECT_THAT(decode_buckets(1), ElementsAre(1));
+  EXPECT_THAT(decode_buckets(50), ElementsAre(1, 2, 4, 8, 16, 24, 32, 48, 50));
+  EXPECT_EQ(decode_padding(256), 63);
+  EXPECT_EQ(decode_padding(1), 0);
+  EXPECT_EQ(decode_padding(50), 15);
 }
 
 TEST(Scheduler, BadConfigIsAnError) {

@@ -50,9 +50,12 @@ for shape in ${shapes//,/ }; do
     line=$(timeout "$level_timeout" python3 tools/loadgen.py --url "http://127.0.0.1:$port/v1" --concurrency "$c" \
       --requests "$(( c > 1 ? c : 2 ))" --max-tokens "$max_tokens" --prompt-words "$prompt_words" --json 2>> "$log")
     echo "$shape c$c: $line" | tee -a "$log"
-    [[ -n $line ]] && levels=$(python3 -c 'import json,sys; l=json.loads(sys.argv[1]); l.append(json.loads(sys.argv[2])); print(json.dumps(l))' "$levels" "$line")
+    # The engine's step counters after the level (cumulative): steps, host and forward seconds.
+    engine=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '/^qinfer_engine_/ {printf "%s%s=%s", sep, $1, $2; sep=","}')
+    echo "$shape c$c engine: $engine" | tee -a "$log"
+    [[ -n $line ]] && levels=$(python3 -c 'import json,sys; l=json.loads(sys.argv[1]); d=json.loads(sys.argv[2]); d["engine"]=dict(kv.split("=") for kv in sys.argv[3].split(",") if kv); l.append(d); print(json.dumps(l))' "$levels" "$line" "$engine")
   done
-  metrics=$(curl -sf "http://127.0.0.1:$port/metrics" | grep -E '^qinfer_(engine|steps|decode|prompt|generation|preempt)' )
+  metrics=$(curl -sf "http://127.0.0.1:$port/metrics" | grep -E '^qinfer_(engine|prompt|generation|preempt|kv_blocks_total)')
   echo "$metrics" >> "$log"
   kill -TERM $server; wait $server
   python3 - "$results" "$shape" "$bench" "$levels" "$metrics" <<'PY'
