@@ -36,6 +36,15 @@ int32_t decode_padding(int32_t max_batch) {
   return most;
 }
 
+std::vector<int32_t> decode_widths(int32_t batch, int64_t max_context, int32_t block_size) {
+  constexpr int64_t kShortContext = 4096, kTableEntries = int64_t{1} << 20;
+  const int64_t most = (max_context + block_size - 1) / block_size;
+  const int64_t narrow = std::min(most, (kShortContext + block_size - 1) / block_size);
+  const int64_t wide = std::max(narrow, std::min(most, kTableEntries / batch));
+  if (wide == narrow) return {static_cast<int32_t>(narrow)};
+  return {static_cast<int32_t>(narrow), static_cast<int32_t>(wide)};
+}
+
 namespace {
 
 ModelCache make_runner_cache(const models::Runner& model, const RunnerOptions& o) {
@@ -52,8 +61,7 @@ ModelRunner::ModelRunner(models::Runner& model, const RunnerOptions& options)
     : model_(model),
       options_(options),
       cache_(make_runner_cache(model, options)),
-      records_(model.ops().records_steps()),
-      width_(static_cast<int32_t>((options.max_context + options.block_size - 1) / options.block_size)) {
+      records_(model.ops().records_steps()) {
   if (records_) buckets_ = decode_buckets(options.max_batch);
   // Every padding row writes its key and value into the one scratch block: what lands there is never read.
   for (int32_t i = 0; i < (records_ ? std::max(1, decode_padding(options.max_batch)) : 0); ++i)
@@ -66,24 +74,29 @@ double ModelRunner::record_decode_steps() {
   const auto start = std::chrono::steady_clock::now();
   ProgressBar progress("recording decode steps", buckets_.size(), ProgressBar::Unit::items);
   const size_t most = static_cast<size_t>(options_.max_batch);
+  size_t recorded = 0;
   for (const int32_t bucket : buckets_) {
     // A key's first step runs as is, its second is recorded (Ops::begin_step). Its rows: padding rows
     // and, past those, the block manager's first slots (zero when nothing runs yet).
-    for (int run = 0; run < 2; ++run) {
-      std::vector<SequenceCache> views(padding_.begin(), padding_.begin() + std::min(padding_.size(), most));
-      for (int32_t slot = 0; views.size() < static_cast<size_t>(bucket); ++slot)
-        views.push_back({{static_cast<int32_t>(options_.kv_blocks)}, 0, options_.state_slots > 0 ? slot : -1});
-      views.resize(static_cast<size_t>(bucket));
-      models::Batch batch;
-      batch.block_table_width = width_;
-      for (SequenceCache& v : views) batch.sequences.push_back({{0}, &v, false});
-      (void)to_host(model_.ops(), text_logits(model_.ops(), model_.forward(batch, cache_), options_.text_vocab));
+    for (const int32_t width : decode_widths(bucket, options_.max_context, options_.block_size)) {
+      for (int run = 0; run < 2; ++run) {
+        std::vector<SequenceCache> views(padding_.begin(), padding_.begin() + std::min(padding_.size(), most));
+        for (int32_t slot = 0; views.size() < static_cast<size_t>(bucket); ++slot)
+          views.push_back({{static_cast<int32_t>(options_.kv_blocks)}, 0, options_.state_slots > 0 ? slot : -1});
+        views.resize(static_cast<size_t>(bucket));
+        models::Batch batch;
+        batch.block_table_width = width;
+        for (SequenceCache& v : views) batch.sequences.push_back({{0}, &v, false});
+        (void)to_host(model_.ops(), text_logits(model_.ops(), model_.forward(batch, cache_), options_.text_vocab));
+        recorded += run;
+      }
     }
     progress.advance();
   }
   progress.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  log_info("recorded decode steps for {} batch sizes (1..{}) in {:.2f} s", buckets_.size(), buckets_.back(), seconds);
+  log_info("recorded {} decode steps ({} batch sizes, 1..{}) in {:.2f} s", recorded, buckets_.size(), buckets_.back(),
+           seconds);
   return seconds;
 }
 
@@ -92,14 +105,19 @@ ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
   // After the copies: a slot freed by a fork's parent may be handed out again in the same plan.
   for (const int32_t slot : plan.zero_slots) cache_.reset_slot(slot);
 
-  // A decode step is padded up to the next recorded batch size, whose graph then replays.
+  // A decode step is padded up to the next recorded batch size and block-table width, whose graph then
+  // replays; one whose contexts are too long for the widest runs as is, unrecorded.
   size_t rows = plan.chunks.size();
-  const bool padded = records_ && plan.decode_only();
-  if (padded) {
+  int32_t width = 0;
+  if (records_ && plan.decode_only()) {
     const auto bucket = std::lower_bound(buckets_.begin(), buckets_.end(), static_cast<int32_t>(rows));
     QINFER_CHECK(bucket != buckets_.end(), "model runner: a decode step of {} sequences, past the largest batch {}",
                  rows, buckets_.back());
-    rows = static_cast<size_t>(*bucket);
+    size_t blocks = 0;
+    for (const StepPlan::Chunk& c : plan.chunks) blocks = std::max(blocks, c.sequence->cache.blocks.size());
+    for (const int32_t w : decode_widths(*bucket, options_.max_context, options_.block_size))
+      if (width == 0 && blocks <= static_cast<size_t>(w)) width = w;
+    if (width > 0) rows = static_cast<size_t>(*bucket);
   }
   // The forward advances copies of the caches; the scheduler's postprocess advances the sequences'.
   std::vector<SequenceCache> views;
@@ -115,7 +133,8 @@ ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
     views.push_back(padding_.at(i));
     batch.sequences.push_back({{0}, &views.back(), false});
   }
-  if (padded) batch.block_table_width = width_;
+  batch.block_table_width = width;
+  batch.may_record = width > 0;
   Ops& ops = model_.ops();
   const Tensor logits = text_logits(ops, model_.forward(batch, cache_), options_.text_vocab);
 

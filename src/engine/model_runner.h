@@ -23,16 +23,21 @@ struct RunnerOptions {
   int64_t state_slots = 0;    // the block manager's slots (0: no recurrent state; else the runner adds
                               // decode_padding(max_batch) scratch slots)
   int32_t max_batch = 1;      // the largest decode batch (the scheduler's max_running)
-  int64_t max_context = 0;    // tokens per sequence: the block tables' width of a recorded decode step
+  int64_t max_context = 0;    // tokens per sequence: the widest block table of a recorded decode step
   int64_t text_vocab = 0;     // logits columns that are text (text_logits)
 };
 
 // The decode batch sizes that get a recording: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, …
-// (doubling with a half step between), up to and including max_batch.
+// (doubling with a half step between), up to and including max_batch. Each is recorded at two
+// block-table widths (decode_widths): contexts up to 4096 tokens, and up to the longest one whose
+// table of `batch` rows stays within 1M entries (4 MB staged a step); a decode step past that runs
+// unrecorded.
 std::vector<int32_t> decode_buckets(int32_t max_batch);
 // The most padding rows a decode step of at most max_batch sequences gets (63 for 256). Each has a
 // recurrent-state slot of its own: a batch's sequences never share one (Ops::conv1d_causal).
 int32_t decode_padding(int32_t max_batch);
+// The block-table widths a decode step of `batch` rows is recorded at, narrowest first (one when equal).
+std::vector<int32_t> decode_widths(int32_t batch, int64_t max_context, int32_t block_size);
 
 class ModelRunner {
  public:
@@ -60,7 +65,6 @@ class ModelRunner {
   ModelCache cache_;
   bool records_;
   std::vector<int32_t> buckets_;
-  int32_t width_;  // block-table width of recorded decode steps
   std::vector<SequenceCache> padding_;  // padding rows: the scratch block, a scratch slot each
 };
 

@@ -94,7 +94,7 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
   layout.block_size = cache.block_size();
   layout.seqs.cu_seqlens.push_back(0);
   std::vector<int32_t> tokens;
-  bool decode = !dump;  // one token and one logits row per sequence
+  bool decode = !dump && batch.may_record;  // one token and one logits row per sequence
   for (const Batch::Sequence& s : batch.sequences) {
     QINFER_CHECK(!s.tokens.empty() && s.cache != nullptr, "forward: every sequence needs tokens and a cache");
     for (int32_t t : s.tokens)

@@ -25,6 +25,8 @@ struct Batch {
   // A decode step's block-table width (0: the smallest power of two ≥ 8 that holds every sequence's
   // blocks). The engine fixes it so that a batch size's recorded step serves every context length.
   int32_t block_table_width = 0;
+  // A decode step may be recorded and replayed (Ops::begin_step); false runs it as is, unkeyed.
+  bool may_record = true;
 };
 
 // One decoder layer: a token mixer and a feed-forward block, each after its own pre-norm.

@@ -351,6 +351,7 @@ void TensorParallelModel::follow() {
         std::vector<SequenceCache> sequences(count);
         Batch batch;
         batch.block_table_width = r.get<int32_t>();
+        batch.may_record = r.get<uint8_t>() != 0;
         for (uint64_t i = 0; i < count; ++i) {
           std::vector<int32_t> tokens = r.vector<int32_t>();
           sequences[i].blocks = r.vector<int32_t>();
@@ -387,6 +388,7 @@ Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
     w.put(cache.id());
     w.put(static_cast<uint64_t>(batch.sequences.size()));
     w.put(batch.block_table_width);
+    w.put(static_cast<uint8_t>(batch.may_record));
     for (const Batch::Sequence& s : batch.sequences) {
       w.put(s.tokens);
       w.put(s.cache->blocks);

@@ -223,6 +223,11 @@ TEST(DecodeBuckets, LadderAndPadding) {
   EXPECT_EQ(decode_padding(256), 63);
   EXPECT_EQ(decode_padding(1), 0);
   EXPECT_EQ(decode_padding(50), 15);
+  // Block-table widths (blocks of 16): up to 4096 tokens, then up to the context within 1M entries.
+  EXPECT_THAT(decode_widths(256, 40960, 16), ElementsAre(256, 2560));
+  EXPECT_THAT(decode_widths(256, 262144, 16), ElementsAre(256, 4096));
+  EXPECT_THAT(decode_widths(1, 262144, 16), ElementsAre(256, 16384));
+  EXPECT_THAT(decode_widths(8, 2048, 16), ElementsAre(128));
 }
 
 TEST(Scheduler, BadConfigIsAnError) {
