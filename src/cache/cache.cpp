@@ -13,7 +13,8 @@ std::atomic<uint64_t> next_cache_id{1};
 }  // namespace
 
 ModelCache::ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots)
-    : ops_(&ops), id_(next_cache_id++), shape_(shape), block_size_(block_size) {
+    : ops_(&ops), id_(next_cache_id++), shape_(shape), block_size_(block_size), num_blocks_(num_blocks),
+      num_slots_(num_slots) {
   QINFER_CHECK(block_size > 0 && num_blocks > 0 && num_slots > 0, "cache: blocks, block size and slots must be > 0");
   for (int64_t i = 0; i < shape.attention_layers; ++i)
     kv_.push_back(KvPool{ops.alloc(DType::f32, {num_blocks, block_size, shape.kv_heads, shape.head_dim}),
@@ -22,10 +23,6 @@ ModelCache::ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, in
     conv_.push_back(ops.alloc(DType::f32, {num_slots, shape.conv_window, shape.conv_channels}));
     delta_.push_back(ops.alloc(DType::f32, {num_slots, shape.value_heads, shape.value_head_dim, shape.key_head_dim}));
   }
-  refcount_.assign(num_blocks, 0);
-  // Popped from the back: hand out low block ids first.
-  for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
-  for (int64_t s = num_slots - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
 }
 
 ModelCache::ModelCache(std::span<Ops* const> ranks, const CacheShape& shape, int64_t num_blocks, int32_t block_size,
@@ -35,36 +32,26 @@ ModelCache::ModelCache(std::span<Ops* const> ranks, const CacheShape& shape, int
     shards_.push_back(std::make_unique<ModelCache>(*ranks[r], shape, num_blocks, block_size, num_slots));
 }
 
-int32_t ModelCache::allocate_block() {
-  QINFER_CHECK(!free_blocks_.empty(), "KV cache exhausted: all {} blocks of {} tokens are in use", refcount_.size(),
-               block_size_);
-  int32_t block = free_blocks_.back();
-  free_blocks_.pop_back();
-  refcount_[block] = 1;
-  return block;
+SequenceCache ModelCache::sequence(int64_t index) const {
+  QINFER_CHECK(index >= 0 && index < num_slots_, "cache: sequence {} of a cache for {}", index, num_slots_);
+  const int64_t share = num_blocks_ / num_slots_;
+  SequenceCache s;
+  for (int64_t b = index * share; b < (index + 1) * share; ++b) s.blocks.push_back(static_cast<int32_t>(b));
+  s.slot = static_cast<int32_t>(index);
+  return s;
 }
 
-void ModelCache::retain_block(int32_t block) {
-  QINFER_CHECK(block >= 0 && block < static_cast<int32_t>(refcount_.size()) && refcount_[block] > 0,
-               "retain of block {} that is not allocated", block);
-  ++refcount_[block];
+void check_room(const ModelCache& cache, const SequenceCache& s, int64_t new_tokens) {
+  const int64_t tokens = s.cached + new_tokens;
+  QINFER_CHECK(static_cast<int64_t>(s.blocks.size()) * cache.block_size() >= tokens,
+               "forward: a sequence holds {} blocks of {} tokens, too few for its {} cached + {} new tokens",
+               s.blocks.size(), cache.block_size(), s.cached, new_tokens);
+  for (int32_t b : s.blocks)
+    QINFER_CHECK(b >= 0 && b < cache.num_blocks(), "forward: block {} is outside the cache's {} blocks", b,
+                 cache.num_blocks());
+  QINFER_CHECK(cache.shape().linear_layers == 0 || (s.slot >= 0 && s.slot < cache.num_slots()),
+               "forward: state slot {} is outside the cache's {} slots", s.slot, cache.num_slots());
 }
-
-void ModelCache::release_block(int32_t block) {
-  QINFER_CHECK(block >= 0 && block < static_cast<int32_t>(refcount_.size()) && refcount_[block] > 0,
-               "release of block {} that is not allocated", block);
-  if (--refcount_[block] == 0) free_blocks_.push_back(block);
-}
-
-int32_t ModelCache::allocate_slot() {
-  QINFER_CHECK(!free_slots_.empty(), "recurrent-state slots exhausted");
-  int32_t slot = free_slots_.back();
-  free_slots_.pop_back();
-  zero_slot(slot);
-  return slot;
-}
-
-void ModelCache::free_slot(int32_t slot) { free_slots_.push_back(slot); }
 
 namespace {
 // One slot's rows of a [slots, ...] state tensor (a view, in the backend's memory).
@@ -128,20 +115,6 @@ void ModelCache::restore(int32_t slot, const StateSnapshot& snapshot) {
       write_slot(*c.ops_, c.delta_[i], slot, snapshot.delta[r * delta_.size() + i]);
   }
   if (mirror_) mirror_->restore(slot, snapshot, static_cast<int>(n));
-}
-
-void SequenceCache::reserve(ModelCache& cache, int32_t new_tokens) {
-  if (slot < 0 && cache.shape().linear_layers > 0) slot = cache.allocate_slot();
-  const int64_t needed = (static_cast<int64_t>(cached) + new_tokens + cache.block_size() - 1) / cache.block_size();
-  while (static_cast<int64_t>(blocks.size()) < needed) blocks.push_back(cache.allocate_block());
-}
-
-void SequenceCache::release(ModelCache& cache) {
-  for (int32_t b : blocks) cache.release_block(b);
-  blocks.clear();
-  if (slot >= 0) cache.free_slot(slot);
-  slot = -1;
-  cached = 0;
 }
 
 }  // namespace qinfer

@@ -1,7 +1,9 @@
 #pragma once
 // The model's caches: paged KV blocks for full-attention layers (one pool per layer, shared block
-// ids across layers, reference-counted so sequences can share prefix blocks) and recurrent-state slots
-// for Gated DeltaNet layers (conv window + fp32 delta state) that can be snapshotted and restored.
+// ids across layers) and recurrent-state slots for Gated DeltaNet layers (conv window + fp32 delta
+// state) that can be zeroed, snapshotted and restored. Which sequence holds which blocks and slot is
+// the engine's block manager's to say (engine/block_manager.h); callers that run fixed sequences
+// without one take equal shares (ModelCache::sequence).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -17,12 +19,14 @@ struct CacheShape {
   int64_t value_heads = 0, value_head_dim = 0, key_head_dim = 0;
 };
 
+struct SequenceCache;
+
 class ModelCache {
  public:
   ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, int32_t block_size, int64_t num_slots);
   // A tensor-parallel group's cache: rank r's pools and states (`shape`: one rank's heads) on
-  // ranks[r]. This object is rank 0's and assigns blocks and slots for all: an id names the same rows
-  // on every rank, a new slot is zeroed and a snapshot taken and restored on every rank.
+  // ranks[r]. This object is rank 0's: an id names the same rows on every rank, and a slot is zeroed
+  // and a snapshot taken and restored on every rank through it.
   ModelCache(std::span<Ops* const> ranks, const CacheShape& shape, int64_t num_blocks, int32_t block_size,
              int64_t num_slots);
 
@@ -30,6 +34,8 @@ class ModelCache {
   // The cache rank r's model runs on (rank(0) is this one). Only its pools and states are used: its
   // own blocks and slots are never assigned, sequences carry this cache's.
   ModelCache& rank(int r) { return r == 0 ? *this : *shards_.at(static_cast<size_t>(r - 1)); }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t num_slots() const { return num_slots_; }
 
   const CacheShape& shape() const { return shape_; }
   // Distinct for every cache made in this process: a recorded step (Ops::begin_step) is bound to
@@ -40,16 +46,12 @@ class ModelCache {
   Tensor& conv_state(int64_t linear_layer) { return conv_.at(linear_layer); }
   Tensor& delta_state(int64_t linear_layer) { return delta_.at(linear_layer); }
 
-  // KV blocks: allocation with reference counts. Error when the pool is exhausted.
-  int32_t allocate_block();
-  void retain_block(int32_t block);
-  void release_block(int32_t block);
-  int64_t free_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
-
-  // Recurrent-state slots; a new slot starts from zero state.
-  int32_t allocate_slot();
-  void free_slot(int32_t slot);
-  int64_t free_slots() const { return static_cast<int64_t>(free_slots_.size()); }
+  // Sequence `index` of a cache made for equal sequences (Runner::cache_for): blocks [index·n,
+  // (index+1)·n) for n = blocks / slots, and slot `index`, nothing cached. A new cache's state is zero.
+  SequenceCache sequence(int64_t index) const;
+  // Zeroes a slot's recurrent state in every linear-attention layer of every rank (and of the
+  // mirror's processes): a sequence that starts in a slot another one used.
+  void zero_slot(int32_t slot);
 
   // A copy of one slot's recurrent state in every linear-attention layer of every rank.
   struct StateSnapshot {
@@ -59,7 +61,7 @@ class ModelCache {
   void restore(int32_t slot, const StateSnapshot& snapshot);
 
   // The same cache's rows in other processes (a tensor-parallel group over processes whose process 0
-  // runs the engine: models/tensor_parallel.h). Blocks and slots stay assigned here; new slots are
+  // runs the engine: models/tensor_parallel.h). Blocks and slots are assigned by this process; slots are
   // zeroed there too, and snapshots hold the other processes' ranks after this one's.
   class Mirror {
    public:
@@ -72,19 +74,15 @@ class ModelCache {
     virtual void restore(int32_t slot, const StateSnapshot& s, int first_rank) = 0;
   };
   void set_mirror(std::unique_ptr<Mirror> mirror) { mirror_ = std::move(mirror); }
-  // zero_slot for a process that follows another's cache (its slots are assigned there).
-  void reset_slot(int32_t slot) { zero_slot(slot); }
 
  private:
-  void zero_slot(int32_t slot);
-
   Ops* ops_;  // the backend holding the pools and states
   uint64_t id_;
   CacheShape shape_;
   int32_t block_size_;
+  int64_t num_blocks_, num_slots_;
   std::vector<KvPool> kv_;
   std::vector<Tensor> conv_, delta_;
-  std::vector<int32_t> refcount_, free_blocks_, free_slots_;
   std::vector<std::unique_ptr<ModelCache>> shards_;  // ranks 1..N-1
   std::unique_ptr<Mirror> mirror_;
 };
@@ -94,11 +92,10 @@ struct SequenceCache {
   std::vector<int32_t> blocks;
   int32_t cached = 0;
   int32_t slot = -1;
-
-  // Makes room for `new_tokens` more tokens (allocating blocks and, once, a state slot).
-  void reserve(ModelCache& cache, int32_t new_tokens);
-  // Returns blocks and slot to the cache.
-  void release(ModelCache& cache);
 };
+
+// Throws unless `s` has blocks for `new_tokens` more tokens and, for a model with recurrent state, a
+// slot of `cache` (a forward writes only where it was given room).
+void check_room(const ModelCache& cache, const SequenceCache& s, int64_t new_tokens);
 
 }  // namespace qinfer

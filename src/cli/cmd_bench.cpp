@@ -137,7 +137,7 @@ PrefillResult measure_prefill(models::Runner& model, int64_t tokens, std::mt1993
   double seconds = 0;
   for (int run = 0; run < 2; ++run) {
     ModelCache cache = model.cache_for(tokens + 1);
-    SequenceCache seq;
+    SequenceCache seq = cache.sequence(0);
     models::Batch batch;
     batch.sequences.push_back({prompt, &seq, false});
     const auto start = Clock::now();
@@ -152,7 +152,8 @@ PrefillResult measure_prefill(models::Runner& model, int64_t tokens, std::mt1993
 DecodeResult measure_decode(models::Runner& model, const models::Checkpoint& ck, int ranks, int64_t batch,
                             int64_t context, int64_t gen, const SamplingParams& sampling, std::mt19937& rng) {
   ModelCache cache = model.cache_for(context + gen + 1, batch);
-  std::vector<SequenceCache> seqs(static_cast<size_t>(batch));
+  std::vector<SequenceCache> seqs;
+  for (int64_t s = 0; s < batch; ++s) seqs.push_back(cache.sequence(s));
   models::Batch prefill;
   for (SequenceCache& seq : seqs)
     prefill.sequences.push_back({random_tokens(rng, context, model.config().vocab_size), &seq, false});

@@ -113,9 +113,8 @@ class Engine {
   // The options in effect: kv_blocks and max_context resolved from their 0 defaults.
   const EngineOptions& options() const { return options_; }
 
-  struct Impl;
-
  private:
+  struct Impl;
   EngineOptions options_;
   std::unique_ptr<Impl> impl_;
 };

@@ -103,7 +103,7 @@ double ModelRunner::record_decode_steps() {
 ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
   for (const auto& [from, to] : plan.copy_slots) cache_.restore(to, cache_.snapshot(from));
   // After the copies: a slot freed by a fork's parent may be handed out again in the same plan.
-  for (const int32_t slot : plan.zero_slots) cache_.reset_slot(slot);
+  for (const int32_t slot : plan.zero_slots) cache_.zero_slot(slot);
 
   // A decode step is padded up to the next recorded batch size and block-table width, whose graph then
   // replays; one whose contexts are too long for the widest runs as is, unrecorded.

@@ -55,9 +55,6 @@ class ModelRunner {
   // draw at step = tokens generated so far).
   Result run(const StepPlan& plan, bool logprobs);
 
-  ModelCache& cache() { return cache_; }
-  bool records_steps() const { return records_; }
-  const std::vector<int32_t>& buckets() const { return buckets_; }
 
  private:
   models::Runner& model_;

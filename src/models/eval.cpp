@@ -20,9 +20,7 @@ EvalMode parse_eval_mode(const std::string& text) {
 }
 
 ModelCache make_cache(const Model& model, int64_t tokens, int64_t sequences) {
-  constexpr int32_t kBlock = 16;
-  const int64_t blocks = sequences * ((tokens + kBlock - 1) / kBlock + 1);
-  return ModelCache(model.ops(), model.cache_shape(), blocks, kBlock, sequences);
+  return model.cache_for(tokens, sequences);
 }
 
 Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode mode,
@@ -30,7 +28,7 @@ Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode 
   QINFER_CHECK(!prompt.empty(), "the prompt is empty");
   const int64_t L = static_cast<int64_t>(prompt.size()), V = model.config().vocab_size;
   ModelCache cache = make_cache(model, L);
-  SequenceCache seq;
+  SequenceCache seq = cache.sequence(0);
   const int64_t step = mode.kind == EvalMode::prefill ? L : mode.chunk;
   Tensor out = host_tensor(DType::f32, {L, V});
   for (int64_t begin = 0; begin < L; begin += step) {
@@ -47,7 +45,7 @@ std::vector<int32_t> greedy_continuation(Model& model, const std::vector<int32_t
   QINFER_CHECK(!prompt.empty(), "the prompt is empty");
   const int64_t V = model.config().vocab_size;
   ModelCache cache = make_cache(model, static_cast<int64_t>(prompt.size()) + count);
-  SequenceCache seq;
+  SequenceCache seq = cache.sequence(0);
   std::vector<int32_t> generated, next = prompt;
   for (int32_t i = 0; i < count; ++i) {
     Batch batch;

@@ -99,7 +99,7 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
     QINFER_CHECK(!s.tokens.empty() && s.cache != nullptr, "forward: every sequence needs tokens and a cache");
     for (int32_t t : s.tokens)
       QINFER_CHECK(t >= 0 && t < c.vocab_size, "token id {} is outside the vocabulary (0..{})", t, c.vocab_size - 1);
-    s.cache->reserve(cache, static_cast<int32_t>(s.tokens.size()));
+    check_room(cache, *s.cache, static_cast<int64_t>(s.tokens.size()));
     tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
     layout.seqs.cu_seqlens.push_back(static_cast<int32_t>(tokens.size()));
     layout.seqs.state_slot.push_back(s.cache->slot);

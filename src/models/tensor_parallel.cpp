@@ -320,7 +320,7 @@ void TensorParallelModel::follow() {
         caches.erase(id);
         break;
       case Op::zero_slot:
-        cache_of(id).reset_slot(r.get<int32_t>());
+        cache_of(id).zero_slot(r.get<int32_t>());
         break;
       case Op::snapshot: {
         const ModelCache::StateSnapshot s = cache_of(id).snapshot(r.get<int32_t>());
@@ -381,7 +381,7 @@ Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
     for (int32_t t : s.tokens)
       QINFER_CHECK(t >= 0 && t < config_.vocab_size, "token id {} is outside the vocabulary (0..{})", t,
                    config_.vocab_size - 1);
-    s.cache->reserve(cache, static_cast<int32_t>(s.tokens.size()));
+    check_room(cache, *s.cache, static_cast<int64_t>(s.tokens.size()));
   }
   if (leading_) {  // the followers run this forward on their ranks, with the blocks and slots assigned here
     Writer w(Op::forward);

@@ -1,4 +1,5 @@
-// Caches: block accounting, slot lifetime, and recurrent-state snapshot / restore as rollback uses it.
+// Caches: equal shares for fixed sequences, zeroed slots, the room a forward needs, and recurrent-state
+// snapshot / restore as rollback uses it. (Who holds which block: tests/engine/scheduler_test.cpp.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,39 +18,43 @@ CacheShape hybrid_shape() {
                     .conv_window = 3, .value_heads = 2, .value_head_dim = 4, .key_head_dim = 4};
 }
 
-TEST(ModelCache, BlocksAreReferenceCountedAndExhaustionIsAnError) {
-  auto ops = make_ref_ops();
-  ModelCache cache(*ops, hybrid_shape(), 3, 4, 1);
-  int32_t a = cache.allocate_block(), b = cache.allocate_block(), c = cache.allocate_block();
-  EXPECT_EQ(cache.free_blocks(), 0);
-  EXPECT_THROW(cache.allocate_block(), Error);
-  cache.retain_block(b);  // shared by a second sequence
-  cache.release_block(b);
-  EXPECT_EQ(cache.free_blocks(), 0);
-  cache.release_block(b);
-  EXPECT_EQ(cache.free_blocks(), 1);
-  EXPECT_EQ(cache.allocate_block(), b);
-  EXPECT_THROW(cache.release_block(17), Error);
-  cache.release_block(a);
-  cache.release_block(c);
-  cache.release_block(b);
-  EXPECT_THROW(cache.release_block(b), Error);
-}
-
-TEST(ModelCache, SequenceReservesBlocksAndAFreshSlot) {
+TEST(ModelCache, EqualSharesForFixedSequences) {
   auto ops = make_ref_ops();
   ModelCache cache(*ops, hybrid_shape(), 8, 4, 2);
-  SequenceCache seq;
-  seq.reserve(cache, 5);
-  EXPECT_EQ(seq.blocks.size(), 2u);
-  ASSERT_GE(seq.slot, 0);
-  // Dirty the slot, release it, and a new sequence gets it back zeroed.
-  cache.delta_state(0).ptr<float>()[seq.slot * 32] = 3.0f;
-  seq.release(cache);
-  EXPECT_EQ(cache.free_blocks(), 8);
-  SequenceCache next;
-  next.reserve(cache, 1);
-  EXPECT_EQ(cache.delta_state(0).ptr<float>()[next.slot * 32], 0.0f);
+  const SequenceCache first = cache.sequence(0), second = cache.sequence(1);
+  EXPECT_EQ(first.blocks, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(second.blocks, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(first.slot, 0);
+  EXPECT_EQ(second.slot, 1);
+  EXPECT_EQ(second.cached, 0);
+  EXPECT_THROW(cache.sequence(2), Error);
+}
+
+TEST(ModelCache, ZeroSlotClearsOneSlotsState) {
+  auto ops = make_ref_ops();
+  ModelCache cache(*ops, hybrid_shape(), 8, 4, 2);
+  cache.delta_state(0).ptr<float>()[0] = 3.0f;   // slot 0
+  cache.conv_state(1).ptr<float>()[18] = 2.0f;   // slot 1 (a slot's window is 3 x 6)
+  cache.zero_slot(0);
+  EXPECT_EQ(cache.delta_state(0).ptr<float>()[0], 0.0f);
+  EXPECT_EQ(cache.conv_state(1).ptr<float>()[18], 2.0f) << "another slot keeps its state";
+}
+
+TEST(ModelCache, ForwardNeedsRoomAndASlot) {
+  auto ops = make_ref_ops();
+  ModelCache cache(*ops, hybrid_shape(), 8, 4, 2);
+  SequenceCache s{{0, 1}, 5, 0};
+  EXPECT_NO_THROW(check_room(cache, s, 3));
+  try {
+    check_room(cache, s, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("too few for its 5 cached + 4 new tokens"));
+  }
+  s.slot = -1;
+  EXPECT_THROW(check_room(cache, s, 1), Error) << "the model has recurrent state";
+  s = {{9}, 0, 0};
+  EXPECT_THROW(check_room(cache, s, 1), Error) << "block 9 is not in the cache";
 }
 
 // Rollback: snapshot a sequence's recurrent state, run ahead, restore, and the same continuation gives
@@ -60,7 +65,7 @@ TEST(ModelCache, SnapshotRestoreReplaysIdentically) {
   auto ops = make_cpu_ops(global_thread_pool());
   models::Model model(ck, *ops);
   ModelCache cache = models::make_cache(model, 64);
-  SequenceCache seq;
+  SequenceCache seq = cache.sequence(0);
   std::vector<int32_t> prefix = {5, 17, 300, 42, 7, 7, 99, 1, 0, 250};
   std::vector<int32_t> ahead = {11, 12, 13, 14, 15, 16};
   models::Batch first;

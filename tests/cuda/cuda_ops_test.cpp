@@ -613,8 +613,8 @@ TEST(CudaOps, DeltaRuleKernelsAgreeOnLongSequences) {
   }
 }
 
-// The caches live on the device: a new slot starts from zeros, and a snapshot taken there restores
-// the same values into another slot.
+// The caches live on the device: a zeroed slot holds zeros, and a snapshot taken there restores the
+// same values into another slot.
 TEST(CudaOps, CacheSlotsZeroAndSnapshotOnTheDevice) {
   auto ops = make_cuda_ops(0, Precision::exact);
   std::mt19937 rng(8);
@@ -624,7 +624,7 @@ TEST(CudaOps, CacheSlotsZeroAndSnapshotOnTheDevice) {
   shape.value_heads = 2, shape.value_head_dim = 4, shape.key_head_dim = 3;
   ModelCache cache(*ops, shape, 4, 4, 2);
   EXPECT_EQ(cache.kv(0).k.device, Device::cuda);
-  const int32_t slot = cache.allocate_slot();
+  const int32_t slot = 0;
   Tensor conv_rows = cache.conv_state(1).rows(slot, slot + 1), delta_rows = cache.delta_state(0).rows(slot, slot + 1);
   const Tensor conv = random_f32(rng, conv_rows.shape), delta = random_f32(rng, delta_rows.shape);
   copy(*ops, conv, conv_rows);
@@ -633,11 +633,10 @@ TEST(CudaOps, CacheSlotsZeroAndSnapshotOnTheDevice) {
   ASSERT_EQ(snapshot.conv.size(), 2u);
   EXPECT_EQ(std::memcmp(snapshot.conv[1].data(), conv.data, conv.nbytes()), 0);
   EXPECT_EQ(std::memcmp(snapshot.delta[0].data(), delta.data, delta.nbytes()), 0);
-  cache.free_slot(slot);
-  const int32_t again = cache.allocate_slot();
-  const Tensor zeroed = to_host(cache.conv_state(1).rows(again, again + 1));
+  cache.zero_slot(slot);
+  const Tensor zeroed = to_host(cache.conv_state(1).rows(slot, slot + 1));
   for (int64_t i = 0; i < zeroed.numel(); ++i) EXPECT_EQ(zeroed.ptr<float>()[i], 0.0f);
-  const int32_t other = cache.allocate_slot();
+  const int32_t other = 1;
   cache.restore(other, snapshot);
   EXPECT_EQ(bytes_of(to_host(cache.delta_state(0).rows(other, other + 1))), bytes_of(delta));
 }

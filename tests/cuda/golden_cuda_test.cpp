@@ -53,7 +53,7 @@ TEST_P(GoldenCuda, BatchOfTwoMatchesSingleRuns) {
   const auto& b = ref.prompts[2];
   const int64_t V = ref.vocab;
   ModelCache cache = make_cache(model, 128, 2);
-  SequenceCache sa, sb;
+  SequenceCache sa = cache.sequence(0), sb = cache.sequence(1);
   Batch batch;
   batch.sequences.push_back({a, &sa, true});
   batch.sequences.push_back({b, &sb, true});

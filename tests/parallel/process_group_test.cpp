@@ -183,7 +183,7 @@ TEST(ProcessGroup, TensorParallelModelOverProcessesMatchesOneModel) {
   const std::unique_ptr<Ops> ops = make_ref_ops();
   models::Model one(checkpoint, *ops);
   ModelCache single_cache = one.cache_for(64);
-  SequenceCache a;
+  SequenceCache a = single_cache.sequence(0);
   std::vector<std::vector<float>> want;
   const std::vector<std::vector<int32_t>> steps = {{3, 1, 4, 1, 5}, {9}, {2}};
   for (const auto& step : steps) {
@@ -215,7 +215,7 @@ TEST(ProcessGroup, TensorParallelModelOverProcessesMatchesOneModel) {
         models::TensorParallelModel group(checkpoint, std::move(rank_ops), {}, std::move(placement));
         EXPECT_EQ(group.cache_shape().kv_heads, one.cache_shape().kv_heads / 2);
         ModelCache cache = group.cache_for(64, 1);
-        SequenceCache b;
+        SequenceCache b = cache.sequence(0);
         for (size_t i = 0; i < steps.size(); ++i) {
           models::Batch batch;
           batch.sequences.push_back({steps[i], &b, false});
@@ -267,7 +267,7 @@ TEST(ProcessGroup, AGroupWhosePeerIsGoneFailsItsNextForwardNamingIt) {
   leaver.join();
   std::this_thread::sleep_for(6s);  // past the watch's grace period
   ModelCache cache = group.cache_for(64, 1);
-  SequenceCache a;
+  SequenceCache a = cache.sequence(0);
   models::Batch batch;
   batch.sequences.push_back({{3, 1, 4}, &a, false});
   error = error_of([&] { (void)group.forward(batch, cache); });

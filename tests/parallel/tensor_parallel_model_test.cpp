@@ -36,7 +36,7 @@ TEST(TensorParallelModel, ForwardsAdvanceTheCacheOnceAndMatchOneModel) {
   EXPECT_EQ(group->cache_shape().kv_heads, one.cache_shape().kv_heads / 2);
   ModelCache single_cache = one.cache_for(64), split_cache = group->cache_for(64, 2);
   EXPECT_EQ(split_cache.ranks(), 2);
-  SequenceCache a, b;
+  SequenceCache a = single_cache.sequence(0), b = split_cache.sequence(0);
   for (const std::vector<int32_t>& step : {std::vector<int32_t>{3, 1, 4, 1, 5}, {9}, {2}}) {
     const Tensor want = logits_of(one, single_cache, a, step), got = logits_of(*group, split_cache, b, step);
     EXPECT_EQ(b.cached, a.cached);
@@ -49,8 +49,8 @@ TEST(TensorParallelModel, ForwardsAdvanceTheCacheOnceAndMatchOneModel) {
   // A state snapshot holds every rank's layers; restored into another slot it continues alike.
   const ModelCache::StateSnapshot state = split_cache.snapshot(b.slot);
   EXPECT_EQ(state.delta.size(), 2 * single_cache.snapshot(a.slot).delta.size());
-  SequenceCache copy{b.blocks, b.cached, split_cache.allocate_slot()};
-  for (int32_t block : copy.blocks) split_cache.retain_block(block);
+  // The copy shares b's blocks (it overwrites the same position in them, after b's step read it).
+  SequenceCache copy{b.blocks, b.cached, 1};
   split_cache.restore(copy.slot, state);
   const Tensor from_b = logits_of(*group, split_cache, b, {6}), from_copy = logits_of(*group, split_cache, copy, {6});
   EXPECT_EQ(std::memcmp(from_b.data, from_copy.data, from_b.nbytes()), 0);
@@ -60,7 +60,7 @@ TEST(TensorParallelModel, BadBatchesAreRefusedBeforeAnyRankRuns) {
   const Checkpoint checkpoint = open_checkpoint(golden::kGolden / "qwen3");
   const auto group = group_of(checkpoint, 2);
   ModelCache cache = group->cache_for(32);
-  SequenceCache seq;
+  SequenceCache seq = cache.sequence(0);
   try {
     logits_of(*group, cache, seq, {1, 512});
     FAIL() << "an id outside the vocabulary ran";
@@ -82,7 +82,7 @@ TEST(TensorParallelModel, AFailingRankStopsTheGroupWithItsError) {
   try {
     group->for_each_rank([&](Model& model) {
       if (model.shard().rank == 1) fail("rank 1 ran out of something");
-      SequenceCache seq;
+      SequenceCache seq = cache.sequence(0);
       Batch batch;
       batch.sequences.push_back({{1, 2, 3}, &seq, false});
       model.forward(batch, cache.rank(0));
@@ -91,7 +91,7 @@ TEST(TensorParallelModel, AFailingRankStopsTheGroupWithItsError) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("rank 1 ran out of something"));
   }
-  SequenceCache seq;
+  SequenceCache seq = cache.sequence(0);
   try {
     logits_of(*group, cache, seq, {1});
     FAIL() << "a failed group ran again";
