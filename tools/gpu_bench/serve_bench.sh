@@ -22,7 +22,7 @@ done
 out=${OUT:-.}
 log=$out/serve_bench.log
 results=$out/serve_bench.json
-mkdir -p build-gpu .deps && tar -C build-gpu -xJf build-pack/gpu.tar.xz && tar -C .deps -xJf build-pack/qwen3-tokenizer.tar.xz
+mkdir -p build-gpu .deps && tar -C build-gpu -xJf build-pack/gpu.tar.xz && tar -C .deps -xJf build-pack/qwen3-tokenizer.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 qinfer=build-gpu/qinfer
 scratch=${TMPDIR:-/tmp}/serve-bench
