@@ -566,6 +566,64 @@ class PoisonOps : public Ops {
   int32_t poison_;
 };
 
+// A backend that says it records steps (as CUDA with graphs does) over the CPU one: the engine then
+// pads decode steps to its ladder of batch sizes and records them at start-up. It notes every step key
+// and refuses, as the CUDA backend does, two sequences of one batch on one state slot.
+class RecordingOps final : public PoisonOps {
+ public:
+  explicit RecordingOps(Ops& inner) : PoisonOps(inner, -1) {}
+  bool records_steps() const override { return true; }
+  void begin_step(const std::string& key) override {
+    std::lock_guard lock(mu_);
+    keys_.push_back(key);
+  }
+  void conv1d_causal(const Tensor& x, const Tensor& w, const SeqLayout& layout, Tensor& conv_state,
+                     Tensor& out) override {
+    std::vector<int32_t> slots = layout.state_slot;
+    std::sort(slots.begin(), slots.end());
+    if (std::adjacent_find(slots.begin(), slots.end()) != slots.end()) fail("two sequences of one batch share a slot");
+    PoisonOps::conv1d_causal(x, w, layout, conv_state, out);
+  }
+  std::vector<std::string> keys() {
+    std::lock_guard lock(mu_);
+    return keys_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> keys_;
+};
+
+// Decode steps padded up to the recorded batch sizes (1, 2, 4, 8, 10 here: 5 decodes run as 8) give each
+// request the tokens of its run alone, the padding rows on slots of their own; every decode step while
+// serving replays a key recorded at start-up.
+TEST(Engine, PaddedDecodeStepsGiveTheTokensOfUnpaddedRuns) {
+  models::Checkpoint checkpoint = models::open_checkpoint(testing::kGolden / "qwen3_5");
+  std::unique_ptr<Ops> cpu = make_cpu_ops(global_thread_pool());
+  RecordingOps ops(*cpu);
+  models::Model m(checkpoint, ops);
+  std::vector<RequestParams> requests;
+  for (int i = 0; i < 5; ++i) requests.push_back(sampled(make_prompt(3 + 4 * i, 700 + i), 6 + 3 * i, 40 + i));
+  std::vector<testing::Single> alone;
+  for (const auto& r : requests) alone.push_back(run_alone(fixture_model("qwen3_5"), r));
+
+  Engine s(m, test_tokenizer(), {.block_size = 4, .max_running = 10, .max_context = 64});
+  const std::vector<std::string> recorded = ops.keys();
+  EXPECT_EQ(recorded.size(), 2u * 5) << "batch sizes 1, 2, 4, 8, 10 at one width, each run twice";
+  Recorder rec(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) ASSERT_TRUE(s.submit(requests[i], rec.sink(i)));
+  ASSERT_TRUE(rec.wait());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(rec[i].tokens[0], alone[i].tokens) << "request " << i;
+    EXPECT_EQ(rec[i].finished[0].finish_reason, "length");
+  }
+  const std::vector<std::string> all = ops.keys();
+  ASSERT_GT(all.size(), recorded.size()) << "decode steps ran keyed";
+  for (size_t k = recorded.size(); k < all.size(); ++k)
+    EXPECT_NE(std::find(recorded.begin(), recorded.end(), all[k]), recorded.end()) << all[k] << " was not recorded";
+  expect_all_free(s);
+}
+
 // A step that throws ends the requests in it with "error" and the reason; a sink that throws ends
 // only its own request. The scheduler thread lives on: the next requests complete.
 TEST(Engine, FailuresEndOnlyTheirRequests) {
