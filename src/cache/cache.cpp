@@ -90,6 +90,22 @@ void ModelCache::zero_slot(int32_t slot) {
   if (mirror_) mirror_->zero_slot(slot);
 }
 
+void ModelCache::copy_slot(int32_t from, int32_t to) {
+  for (int r = 0; r < ranks(); ++r) {
+    ModelCache& c = rank(r);
+    for (auto* states : {&c.conv_, &c.delta_})
+      for (Tensor& t : *states) {
+        Tensor dst = slot_rows(t, to);
+        c.ops_->copy(slot_rows(t, from), dst);
+      }
+  }
+  if (mirror_) {
+    StateSnapshot theirs;  // only the other processes' layers: restored from its rank 0 on
+    mirror_->snapshot(from, theirs);
+    mirror_->restore(to, theirs, 0);
+  }
+}
+
 // Rank after rank: rank 0's layers, then rank 1's, ...
 ModelCache::StateSnapshot ModelCache::snapshot(int32_t slot) const {
   StateSnapshot s;

@@ -52,6 +52,9 @@ class ModelCache {
   // Zeroes a slot's recurrent state in every linear-attention layer of every rank (and of the
   // mirror's processes): a sequence that starts in a slot another one used.
   void zero_slot(int32_t slot);
+  // Copies slot `from`'s recurrent state into slot `to` (a fork of a sequence), on each rank's device;
+  // the mirror's processes through a snapshot.
+  void copy_slot(int32_t from, int32_t to);
 
   // A copy of one slot's recurrent state in every linear-attention layer of every rank.
   struct StateSnapshot {

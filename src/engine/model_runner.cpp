@@ -101,7 +101,7 @@ double ModelRunner::record_decode_steps() {
 }
 
 ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
-  for (const auto& [from, to] : plan.copy_slots) cache_.restore(to, cache_.snapshot(from));
+  for (const auto& [from, to] : plan.copy_slots) cache_.copy_slot(from, to);
   // After the copies: a slot freed by a fork's parent may be handed out again in the same plan.
   for (const int32_t slot : plan.zero_slots) cache_.zero_slot(slot);
 

@@ -40,6 +40,19 @@ TEST(ModelCache, ZeroSlotClearsOneSlotsState) {
   EXPECT_EQ(cache.conv_state(1).ptr<float>()[18], 2.0f) << "another slot keeps its state";
 }
 
+TEST(ModelCache, CopySlotCopiesOneSlotsState) {
+  auto ops = make_ref_ops();
+  ModelCache cache(*ops, hybrid_shape(), 8, 4, 3);
+  for (int64_t i = 0; i < cache.delta_state(1).numel(); ++i) cache.delta_state(1).ptr<float>()[i] = static_cast<float>(i);
+  for (int64_t i = 0; i < cache.conv_state(0).numel(); ++i) cache.conv_state(0).ptr<float>()[i] = static_cast<float>(-i);
+  const ModelCache::StateSnapshot before = cache.snapshot(0);
+  cache.copy_slot(0, 2);
+  const ModelCache::StateSnapshot after = cache.snapshot(2);
+  EXPECT_EQ(after.conv, before.conv);
+  EXPECT_EQ(after.delta, before.delta);
+  EXPECT_NE(cache.snapshot(1).delta, before.delta) << "slot 1 is untouched";
+}
+
 TEST(ModelCache, ForwardNeedsRoomAndASlot) {
   auto ops = make_ref_ops();
   ModelCache cache(*ops, hybrid_shape(), 8, 4, 2);
