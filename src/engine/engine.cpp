@@ -240,7 +240,7 @@ void Engine::Impl::model_loop() {
     take_inbox();
     for (const Finish& f : finished)
       if (auto it = requests.find(f.request); it != requests.end()) {
-        it->second->live -= static_cast<int32_t>(scheduler.finish(f.request, "stop", f.choice).size());
+        it->second->live -= static_cast<int32_t>(scheduler.finish(f.request, f.choice).size());
         if (it->second->live <= 0) requests.erase(it);
       }
     for (uint64_t id : cancelled) end_request(id, "cancelled", "");
@@ -322,7 +322,7 @@ void Engine::Impl::step() {
 void Engine::Impl::end_request(uint64_t id, const std::string& reason, const std::string& error) {
   auto it = requests.find(id);
   if (it == requests.end()) return;
-  scheduler.finish(id, reason);
+  scheduler.finish(id);
   Output out;
   out.ended = it->second;
   out.reason = reason;

@@ -183,7 +183,6 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     if (!t.finish_reason.empty()) {
       blocks_.release(s.cache);
       s.status = Sequence::Status::finished;
-      s.finish_reason = t.finish_reason;
     }
     out.push_back(std::move(t));
   }
@@ -191,13 +190,12 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
   return out;
 }
 
-std::vector<int32_t> Scheduler::finish(uint64_t request, const std::string& reason, int32_t choice) {
+std::vector<int32_t> Scheduler::finish(uint64_t request, int32_t choice) {
   std::vector<int32_t> ended;
   auto matches = [&](const Sequence& s) { return s.request == request && (choice < 0 || s.choice == choice); };
   auto end = [&](Sequence& s) {
     blocks_.release(s.cache);
     s.status = Sequence::Status::finished;
-    s.finish_reason = reason;
     ended.push_back(s.choice);
     // Choices not yet branched off end with their parent.
     for (int32_t c = 1; c <= s.forks; ++c) ended.push_back(c);

@@ -78,9 +78,10 @@ class Scheduler {
   // After the plan's forward: advances every chunk's cache, appends the sampled ids (`sampled`: one
   // per sampling chunk, in plan order), finishes choices at a stop id or their length, branches forks.
   std::vector<SampledToken> postprocess(const StepPlan& plan, const std::vector<int32_t>& sampled);
-  // Ends a request's sequences (every choice) or one choice of it, wherever they are; their blocks and
-  // slots are free afterwards. Returns the choices it ended (none when the request is unknown).
-  std::vector<int32_t> finish(uint64_t request, const std::string& reason, int32_t choice = -1);
+  // Ends a request's sequences (every choice) or one choice of it, wherever they are (cancelled, failed,
+  // stopped by a stop string); their blocks and slots are free afterwards. Returns the choices it ended
+  // (none when the request is unknown): the engine tells their sinks why.
+  std::vector<int32_t> finish(uint64_t request, int32_t choice = -1);
   // The requests with a chunk in `plan`, each once.
   static std::vector<uint64_t> requests_of(const StepPlan& plan);
 

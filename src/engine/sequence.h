@@ -2,7 +2,6 @@
 // One choice of one request as the engine tracks it: its tokens (prompt + generated), where its
 // cache stands, how it samples, and whether it waits, runs or has finished.
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "backend/sampling.h"
@@ -32,7 +31,6 @@ struct Sequence {
   int32_t forks = 0, fork_at = 0;
   int32_t cached_prompt_tokens = 0;  // prompt tokens this choice did not compute itself
   Status status = Status::waiting;
-  std::string finish_reason;  // once finished: "stop" | "length" | "cancelled" | "error"
 
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_tokens; }
   // Tokens the model has yet to read: 1 while decoding, more while prefilling.

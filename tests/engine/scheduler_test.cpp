@@ -205,11 +205,11 @@ TEST(Scheduler, CancellationFreesEverything) {
   h.add(2, 3, 5);
   h.add(3, 3, 5);
   h.step();
-  EXPECT_THAT(h.scheduler.finish(1, "cancelled"), ElementsAre(0, 1, 2));
-  EXPECT_THAT(h.scheduler.finish(1, "cancelled"), ElementsAre()) << "unknown now";
+  EXPECT_THAT(h.scheduler.finish(1), ElementsAre(0, 1, 2));
+  EXPECT_THAT(h.scheduler.finish(1), ElementsAre()) << "unknown now";
   h.step();
-  EXPECT_THAT(h.scheduler.finish(2, "stop", 0), ElementsAre(0));
-  EXPECT_THAT(h.scheduler.finish(3, "cancelled"), ElementsAre(0));
+  EXPECT_THAT(h.scheduler.finish(2, 0), ElementsAre(0));
+  EXPECT_THAT(h.scheduler.finish(3), ElementsAre(0));
   EXPECT_TRUE(h.scheduler.idle());
   EXPECT_EQ(h.blocks.used_blocks(), 0);
   EXPECT_EQ(h.blocks.used_slots(), 0);
