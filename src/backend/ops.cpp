@@ -10,6 +10,12 @@
 
 namespace qinfer {
 
+void Ops::set_kv_dtype(DType dtype) {
+  QINFER_CHECK(dtype == DType::f32 || dtype == DType::bf16, "{}: a KV cache holds f32 or bf16, not {}", name(),
+               qinfer::name(dtype));
+  kv_dtype_ = dtype;
+}
+
 void Ops::copy(const Tensor& src, Tensor& dst) {
   QINFER_CHECK(src.device == Device::cpu && dst.device == Device::cpu, "{} copy: both tensors must be in host memory",
                name());

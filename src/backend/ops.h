@@ -38,7 +38,8 @@ struct AttentionLayout {
   int32_t block_size = 0;
 };
 
-// One attention layer's KV pool: [num_blocks, block_size, kv_heads, head_dim], f32.
+// One attention layer's KV pool: [num_blocks, block_size, kv_heads, head_dim], f32 or bf16
+// (Ops::kv_dtype); k and v of one dtype.
 struct KvPool {
   Tensor k, v;
 };
@@ -79,6 +80,12 @@ class Ops {
   virtual std::string_view name() const = 0;
   virtual Device device() const = 0;
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
+  // The element type of the KV pools of caches made for this backend: f32, or bf16 (half the bytes a
+  // decode step reads, as PyTorch and vLLM keep a bf16 model's cache). kv_store rounds k and v to
+  // the pool's dtype (RNE); attention reads either. The cuda backend's fast precision keeps bf16,
+  // everything else f32; --kv-cache-dtype chooses.
+  DType kv_dtype() const { return kv_dtype_; }
+  void set_kv_dtype(DType dtype);  // f32 or bf16
   // Bytes this backend's memory has free, where it has its own (a GPU's); none for host memory.
   virtual std::optional<uint64_t> free_memory() const { return std::nullopt; }
   // For an op's output, which the op writes whole before anyone reads it: a device backend skips
@@ -194,6 +201,9 @@ class Ops {
   virtual void sample(const Tensor& logits, const std::vector<SamplingParams>& params,
                       const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
                       std::vector<int32_t>& out) = 0;
+
+ protected:
+  DType kv_dtype_ = DType::f32;
 };
 
 // `host` in ops' memory: the tensor itself when ops works in host memory, else a copy.

@@ -17,8 +17,8 @@ ModelCache::ModelCache(Ops& ops, const CacheShape& shape, int64_t num_blocks, in
       num_slots_(num_slots) {
   QINFER_CHECK(block_size > 0 && num_blocks > 0 && num_slots > 0, "cache: blocks, block size and slots must be > 0");
   for (int64_t i = 0; i < shape.attention_layers; ++i)
-    kv_.push_back(KvPool{ops.alloc(DType::f32, {num_blocks, block_size, shape.kv_heads, shape.head_dim}),
-                         ops.alloc(DType::f32, {num_blocks, block_size, shape.kv_heads, shape.head_dim})});
+    kv_.push_back(KvPool{ops.alloc(shape.kv_dtype, {num_blocks, block_size, shape.kv_heads, shape.head_dim}),
+                         ops.alloc(shape.kv_dtype, {num_blocks, block_size, shape.kv_heads, shape.head_dim})});
   for (int64_t i = 0; i < shape.linear_layers; ++i) {
     conv_.push_back(ops.alloc(DType::f32, {num_slots, shape.conv_window, shape.conv_channels}));
     delta_.push_back(ops.alloc(DType::f32, {num_slots, shape.value_heads, shape.value_head_dim, shape.key_head_dim}));

@@ -17,6 +17,7 @@ struct CacheShape {
   int64_t attention_layers = 0, kv_heads = 0, head_dim = 0;
   int64_t linear_layers = 0, conv_channels = 0, conv_window = 0;  // conv_window = kernel - 1
   int64_t value_heads = 0, value_head_dim = 0, key_head_dim = 0;
+  DType kv_dtype = DType::f32;  // the KV pools' elements (Ops::kv_dtype of the backend holding them)
 };
 
 struct SequenceCache;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -48,6 +49,8 @@ std::string model_or_default(const std::string& model) {
 namespace {
 // --precision of this process's command (one command runs per process).
 bool exact_precision = false;
+// --kv-cache-dtype: none for auto (the backend's choice, Ops::kv_dtype).
+std::optional<DType> kv_cache_dtype;
 // --tp-processes, --tp-process, --tp-address.
 struct {
   int count = 1, index = 0;
@@ -63,7 +66,8 @@ int cuda_index(const std::string& device) {
 }
 }  // namespace
 
-std::unique_ptr<Ops> make_ops(const std::string& device) {
+namespace {
+std::unique_ptr<Ops> make_backend(const std::string& device) {
   if (device == "cpu") return make_cpu_ops(global_thread_pool());
   if (device == "ref") return make_ref_ops();
   if (device == "cuda" || device.starts_with("cuda:")) {
@@ -75,6 +79,13 @@ std::unique_ptr<Ops> make_ops(const std::string& device) {
 #endif
   }
   fail("--device {}: expected cpu, ref or cuda[:N]", device);
+}
+}  // namespace
+
+std::unique_ptr<Ops> make_ops(const std::string& device) {
+  std::unique_ptr<Ops> ops = make_backend(device);
+  if (kv_cache_dtype) ops->set_kv_dtype(*kv_cache_dtype);
+  return ops;
 }
 
 std::string rank_device(const std::string& device, int rank) {
@@ -163,6 +174,16 @@ void add_device_flags(CLI::App* cmd, int& tensor_parallel) {
          "GEMM work). Decode steps are exact either way, except one-token MLX affine 4/8-bit products: fast reads "
          "x there as 16-bit integers per chunk of 16-32 elements (within ~1.5e-5 of the chunk's largest)")
       ->check(CLI::IsMember({"fast", "exact"}));
+  cmd->add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [](const std::string& value) {
+           kv_cache_dtype = value == "auto"       ? std::nullopt
+                            : value == "bfloat16" ? std::optional<DType>(DType::bf16)
+                                                  : std::optional<DType>(DType::f32);
+         },
+         "elements of the KV cache: auto (default; bfloat16 on cuda with --precision fast, as PyTorch and vLLM keep a "
+         "bf16 model's cache, else float32), bfloat16 (half the memory and the bytes a decode step reads) or float32")
+      ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
 }
 
 std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device,

@@ -42,8 +42,8 @@ std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint
                                                         int ranks);
 DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::string& device, int tensor_parallel);
 // --tensor-parallel N, --tp-processes P / --tp-process I / --tp-address HOST:PORT (a group over
-// processes; models::Placement) and --precision fast|exact (the cuda backend's prompt GEMMs and
-// attention), the same on every command that takes --device.
+// processes; models::Placement), --precision fast|exact (the cuda backend's prompt GEMMs and
+// attention) and --kv-cache-dtype, the same on every command that takes --device.
 void add_device_flags(CLI::App* cmd, int& tensor_parallel);
 // For commands whose requests reach one process (serve, chat): process 0 of a group over processes
 // leads it and goes on (false); every other process follows it until it stops (true: the command

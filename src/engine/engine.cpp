@@ -83,7 +83,8 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
 }  // namespace
 
 int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes) {
-  const double block_bytes = 2.0 * static_cast<double>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim) * 4;
+  const double block_bytes = 2.0 * static_cast<double>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim) *
+                             static_cast<double>(bits(s.kv_dtype) / 8);
   // The engine's slots and the runner's, one per padding row of a decode step.
   const double slots = static_cast<double>(o.max_running + std::max(1, decode_padding(o.max_running)));
   const double state_bytes = slots * static_cast<double>(s.linear_layers) * 4.0 *

@@ -73,6 +73,7 @@ CacheShape Model::cache_shape() const {
   s.value_heads = c.linear_num_value_heads;
   s.value_head_dim = c.linear_value_head_dim;
   s.key_head_dim = c.linear_key_head_dim;
+  s.kv_dtype = ops_.kv_dtype();
   return s;
 }
 

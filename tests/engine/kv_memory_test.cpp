@@ -23,6 +23,15 @@ TEST(KvBlocksInMemory, Qwen3_8bBlocksFillTheFractionOfFreeMemory) {
   EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 49);
 }
 
+TEST(KvBlocksInMemory, Bf16PoolsHoldTwiceTheBlocks) {
+  CacheShape s;
+  s.attention_layers = 36, s.kv_heads = 8, s.head_dim = 128, s.kv_dtype = DType::bf16;
+  EngineOptions o;
+  o.block_size = 16, o.max_running = 64, o.memory_fraction = 0.9;
+  const uint64_t f32_block = 2ull * 36 * 16 * 8 * 128 * 4;
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * f32_block), 179);  // 0.9 · 200 bf16 blocks, less the scratch block
+}
+
 TEST(KvBlocksInMemory, RecurrentStatesComeFirst) {
   CacheShape s;  // Qwen3.5-9B: 8 attention and 24 linear-attention layers
   s.attention_layers = 8, s.kv_heads = 4, s.head_dim = 256;

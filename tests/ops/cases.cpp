@@ -484,10 +484,13 @@ void add_attention(std::vector<Case>& cases) {
       {8, 8, 64, 5, {8, 4, 1}, {200, 0, 32}},               // verification, no GQA
       {16, 4, 256, 7, {4, 8, 2}, {1, 200, 1000}},           // verification, head_dim 256
   };
+  // Every shape over an f32 pool and over a bf16 one (the cuda backend's fast precision): kv_store
+  // rounds to nearest even exactly as ref, and the kernels widen what they read.
   for (const Shape& s : shapes) {
+   for (const DType kv : {DType::f32, DType::bf16}) {
     cases.push_back({"attention",
-                     fmt::format("h={} kv={} hd={} bs={} lens={} cached={}", s.heads, s.kv_heads, s.head_dim,
-                                 s.block_size, seqs_str(s.lens), seqs_str(s.cached)),
+                     fmt::format("{} pool h={} kv={} hd={} bs={} lens={} cached={}", name(kv), s.heads, s.kv_heads,
+                                 s.head_dim, s.block_size, seqs_str(s.lens), seqs_str(s.cached)),
                      [=](Run& r) {
                        AttentionLayout layout;
                        layout.seqs = make_layout(s.lens, static_cast<int64_t>(s.lens.size()), r.rng);
@@ -511,7 +514,7 @@ void add_attention(std::vector<Case>& cases) {
 
                        const int64_t T = layout.seqs.num_tokens();
                        const std::vector<int64_t> pool_shape = {num_blocks, s.block_size, s.kv_heads, s.head_dim};
-                       KvPool pool{random_tensor(r.rng, DType::f32, pool_shape), random_tensor(r.rng, DType::f32, pool_shape)};
+                       KvPool pool{random_tensor(r.rng, kv, pool_shape), random_tensor(r.rng, kv, pool_shape)};
                        KvPool pool_dut{r.put(pool.k), r.put(pool.v)};
                        Tensor k = random_tensor(r.rng, DType::f32, {T, s.kv_heads, s.head_dim});
                        Tensor v = random_tensor(r.rng, DType::f32, {T, s.kv_heads, s.head_dim});
@@ -527,10 +530,13 @@ void add_attention(std::vector<Case>& cases) {
                        r.dut.attention(r.put(q), pool_dut, layout, scale, out);
                        r.compare("out", out, out_ref, s.tol);
                      }});
+   }
   }
   // Recorded decode steps (CUDA graphs: the first runs as is, the second is recorded, the third
   // replayed) plan their key splits for the block table's capacity, here far above most keys.
-  cases.push_back({"attention", "recorded decode h=32 kv=8 hd=128 bs=16, 64 blocks per sequence", [](Run& r) {
+  for (const DType kv : {DType::f32, DType::bf16})
+  cases.push_back({"attention", fmt::format("recorded decode {} pool h=32 kv=8 hd=128 bs=16, 64 blocks per sequence",
+                                            name(kv)), [kv](Run& r) {
                      const int64_t S = 3, heads = 32, kv_heads = 8, head_dim = 128;
                      AttentionLayout layout;
                      layout.seqs = make_layout({1, 1, 1}, S, r.rng);
@@ -540,7 +546,7 @@ void add_attention(std::vector<Case>& cases) {
                      std::shuffle(layout.block_table.begin(), layout.block_table.end(), r.rng.engine());
                      const std::vector<int64_t> pool_shape = {S * layout.max_blocks, layout.block_size, kv_heads,
                                                               head_dim};
-                     KvPool pool{random_tensor(r.rng, DType::f32, pool_shape), random_tensor(r.rng, DType::f32, pool_shape)};
+                     KvPool pool{random_tensor(r.rng, kv, pool_shape), random_tensor(r.rng, kv, pool_shape)};
                      KvPool pool_dut{r.put(pool.k), r.put(pool.v)};
                      Tensor q = random_tensor(r.rng, DType::f32, {S, heads, head_dim});
                      Tensor q_dut = r.put(q);
@@ -551,7 +557,8 @@ void add_attention(std::vector<Case>& cases) {
                        layout.cached = steps[i];
                        Tensor out_ref = host_tensor(DType::f32, {S, heads, head_dim});
                        r.ref.attention(q, pool, layout, scale, out_ref);
-                       r.dut.begin_step("op_harness recorded attention decode");
+                       // The key names what shapes the launches: the pool's dtype among them.
+                       r.dut.begin_step(fmt::format("op_harness recorded attention decode {}", name(kv)));
                        try {
                          r.dut.attention(q_dut, pool_dut, layout, scale, out);
                        } catch (...) {
@@ -885,11 +892,16 @@ void add_rms_norm_rope_store(std::vector<Case>& cases) {
                           {8, 8, 64, 64, {}, {17, 3}, {0, 9}},
                           {4, 2, 128, 128, {}, {300}, {0}},
                           {6, 3, 20, 10, {}, {5, 1}, {3, 30}}};
-  for (const Shape& s : shapes) {
+  // A bf16 pool holds k's and v's rounding: ref's and the backend's rotations may differ in the last
+  // f32 bit, which flips the odd bf16 rounding by one ulp (2^-8 relative). Rounding every element the
+  // wrong way (truncation) would cost ~1e-3.
+  constexpr double kBf16Tol = 2e-4;
+  for (const Shape& s : shapes)
+   for (const DType kv : {DType::f32, DType::bf16}) {
     cases.push_back(
         {"rms_norm_rope_store",
-         fmt::format("h={} kv={} hd={} rotary={}{} lens={} cached={}", s.heads, s.kv_heads, s.head_dim, s.rotary,
-                     s.section.empty() ? "" : " mrope", seqs_str(s.lens), seqs_str(s.cached)),
+         fmt::format("{} pool h={} kv={} hd={} rotary={}{} lens={} cached={}", name(kv), s.heads, s.kv_heads,
+                     s.head_dim, s.rotary, s.section.empty() ? "" : " mrope", seqs_str(s.lens), seqs_str(s.cached)),
          [=](Run& r) {
            constexpr int32_t kBlock = 16;
            AttentionLayout layout;
@@ -911,7 +923,7 @@ void add_rms_norm_rope_store(std::vector<Case>& cases) {
                      s.cached[i] + (j - layout.seqs.cu_seqlens[i]) + static_cast<int32_t>(r.rng.integer(0, 2)) * axis;
            const RopeParams params{s.rotary, 1e6, s.section};
            const std::vector<int64_t> pool_shape = {num_blocks, kBlock, s.kv_heads, s.head_dim};
-           KvPool pool{random_tensor(r.rng, DType::f32, pool_shape), random_tensor(r.rng, DType::f32, pool_shape)};
+           KvPool pool{random_tensor(r.rng, kv, pool_shape), random_tensor(r.rng, kv, pool_shape)};
            KvPool pool_dut{r.put(pool.k), r.put(pool.v)};
            Tensor q = random_tensor(r.rng, DType::f32, {T, s.heads, s.head_dim});
            Tensor k = random_tensor(r.rng, DType::f32, {T, s.kv_heads, s.head_dim});
@@ -923,10 +935,10 @@ void add_rms_norm_rope_store(std::vector<Case>& cases) {
                                      layout, pool_dut);
            r.compare("q", q_dut, q, kTol);
            r.compare("k", k_dut, k, kTol);
-           r.compare("pool.k", pool_dut.k, pool.k, kTol);
+           r.compare("pool.k", pool_dut.k, pool.k, kv == DType::bf16 ? kBf16Tol : kTol);
            r.compare("pool.v", pool_dut.v, pool.v, 0.0);
          }});
-  }
+   }
 }
 
 std::vector<Case> all_cases() {

@@ -54,7 +54,7 @@ Tensor random_tensor(Rng& rng, DType dtype, std::vector<int64_t> shape, float st
 Tensor i32_tensor(std::vector<int64_t> shape, const std::vector<int32_t>& values);
 Tensor clone(const Tensor& host);
 
-// ‖got − want‖ / ‖want‖ over f32 tensors (‖got‖ when want is all zero).
+// ‖got − want‖ / ‖want‖ over float tensors of one dtype (‖got‖ when want is all zero).
 double rel_rms(const Tensor& got, const Tensor& want);
 
 // One comparison of one output of a case.

@@ -95,10 +95,14 @@ Tensor clone(const Tensor& host) {
 }
 
 double rel_rms(const Tensor& got, const Tensor& want) {
-  if (got.shape != want.shape || got.dtype != DType::f32 || want.dtype != DType::f32) return INFINITY;
+  const auto is_float = [](DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; };
+  if (got.shape != want.shape || got.dtype != want.dtype || !is_float(got.dtype)) return INFINITY;
+  std::vector<float> g32(got.numel()), w32(want.numel());
+  convert_to_f32(got.dtype, got.data, g32.data(), g32.size());
+  convert_to_f32(want.dtype, want.data, w32.data(), w32.size());
   double diff = 0.0, norm = 0.0;
   for (int64_t i = 0; i < got.numel(); ++i) {
-    const double g = got.ptr<float>()[i], w = want.ptr<float>()[i];
+    const double g = g32[i], w = w32[i];
     diff += (g - w) * (g - w), norm += w * w;
   }
   if (std::isnan(diff)) return INFINITY;

@@ -155,19 +155,21 @@ PerfCase linear_quantized_case(int64_t T, int64_t in, int64_t out, quant::Layout
 }
 
 // T new tokens after `cached` ones in each of `seqs` sequences: T = 1 is a decode step; T > 1 a
-// prefill chunk.
-PerfCase attention_case(int64_t T, int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd, int64_t seqs = 1) {
+// prefill chunk. The pool holds `kv` elements (f32 or bf16).
+PerfCase attention_case(int64_t T, int64_t cached, int64_t heads, int64_t kv_heads, int64_t hd, int64_t seqs = 1,
+                        DType kv = DType::f32) {
   const std::string batch = seqs == 1 ? "" : fmt::format("{}x", seqs);
   const std::string kind = T == 1 ? fmt::format("decode {}{} cached", batch, cached)
                                   : fmt::format("prefill {}{}+{}", batch, cached, T);
-  return {fmt::format("attention {} h={} kv={} hd={}", kind, heads, kv_heads, hd), [=](Ops& ops, const Put& put) {
+  return {fmt::format("attention {} h={} kv={} hd={} {} pool", kind, heads, kv_heads, hd, name(kv)),
+          [=](Ops& ops, const Put& put) {
             const int64_t n_keys = cached + T;
             const int32_t bs = 16, blocks = static_cast<int32_t>((n_keys + bs - 1) / bs);
-            const double kv_bytes = 2.0 * seqs * n_keys * kv_heads * hd * 4;
+            const double kv_bytes = 2.0 * seqs * n_keys * kv_heads * hd * (bits(kv) / 8);
             const int copies = T == 1 ? copies_for(kv_bytes) : 1;
             const int64_t pool_blocks = copies * seqs * blocks;
-            auto pool = std::make_shared<KvPool>(KvPool{pattern_tensor(put, DType::f32, {pool_blocks, bs, kv_heads, hd}),
-                                                        pattern_tensor(put, DType::f32, {pool_blocks, bs, kv_heads, hd})});
+            auto pool = std::make_shared<KvPool>(KvPool{pattern_tensor(put, kv, {pool_blocks, bs, kv_heads, hd}),
+                                                        pattern_tensor(put, kv, {pool_blocks, bs, kv_heads, hd})});
             auto layouts = std::make_shared<std::vector<AttentionLayout>>(copies);
             for (int c = 0; c < copies; ++c) {
               AttentionLayout& l = (*layouts)[c];
@@ -314,6 +316,13 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
         attention_case(1, 4096, 32, 8, 128),
         attention_case(1, 512, 32, 8, 128, 8),
         attention_case(1, 4096, 32, 8, 128, 8),
+        // Serving: 64 / 256 streams of Qwen3-8B 640 tokens in, over either pool.
+        attention_case(1, 640, 32, 8, 128, 64),
+        attention_case(1, 640, 32, 8, 128, 256),
+        attention_case(1, 640, 32, 8, 128, 64, DType::bf16),
+        attention_case(1, 640, 32, 8, 128, 256, DType::bf16),
+        attention_case(1, 640, 16, 4, 256, 256, DType::bf16),
+        attention_case(1, 4096, 32, 8, 128, 8, DType::bf16),
         attention_case(1, 512, 16, 4, 256),
         attention_case(1, 4096, 16, 4, 256),
         attention_case(1, 512, 16, 4, 256, 8),

@@ -7,7 +7,8 @@
 #   tools/gpu_bench/serve_bench.sh [--shapes qwen3-8b,qwen3_5-9b] [--concurrency 1,16,64,256]
 #       [--max-tokens 1024] [--prompt-words 90] [--max-running 256] [--level-timeout 150]
 # (carry build-pack, holding gpu.tar.xz from pack.sh and qwen3-tokenizer.tar.xz: the tokenizer
-# folder of scripts/fetch-test-data.sh, `tar -C .deps -cf - qwen3-tokenizer | xz`, to fit the 64 MiB)
+# folder of scripts/fetch-test-data.sh, `tar -C .deps -cf - qwen3-tokenizer | xz`, to fit the 64 MiB;
+# QINFER_GPU_PACK names another archive holding qinfer, e.g. pack.sh's without the test binaries)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 shapes=qwen3-8b concurrency=1,16,64,256 max_tokens=1024 prompt_words=90 max_running=256 level_timeout=150
@@ -22,7 +23,7 @@ done
 out=${OUT:-.}
 log=$out/serve_bench.log
 results=$out/serve_bench.json
-mkdir -p build-gpu .deps && tar -C build-gpu -xJf build-pack/gpu.tar.xz && tar -C .deps -xJf build-pack/qwen3-tokenizer.tar.xz || exit 1
+mkdir -p build-gpu .deps && tar -C build-gpu -xJf "${QINFER_GPU_PACK:-build-pack/gpu.tar.xz}" && tar -C .deps -xJf build-pack/qwen3-tokenizer.tar.xz || exit 1
 export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 qinfer=build-gpu/qinfer
 scratch=${TMPDIR:-/tmp}/serve-bench

@@ -4,7 +4,8 @@
 // value is read from memory once for every query head and token of the block. Per tile of keys and
 // kv head, a prefill block's query rows get their scores as one GEMM (Q·Kᵀ) and their outputs as
 // another (P·V); a decode step's few rows use dot products and weighted sums straight from the
-// pages. Long contexts with few items (decode) are split along the keys and merged afterwards.
+// pages. Long contexts with few items (decode) are split along the keys and merged afterwards. A
+// bf16 pool's tile of keys and values is widened to f32 rows first, and the same code reads those.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -29,19 +30,20 @@ struct Item {
 struct Geometry {
   int64_t heads, group, head_dim, kv_heads, block_size, max_blocks;
   const float* q;
-  const float* k;
-  const float* v;
+  const void* k;  // pool rows of f32, or of bf16 when `bf16`
+  const void* v;
+  bool bf16;
   const int32_t* block_table;
 };
 
 // Asks for keys [from, to) of every head (whole pool rows) ahead of use: pages are scattered, so the
 // hardware prefetcher loses the stream at every page boundary.
 void prefetch_tile(const Geometry& g, const int32_t* table, int64_t from, int64_t to) {
-  const int64_t row_bytes = g.kv_heads * g.head_dim * 4;
+  const int64_t row_bytes = g.kv_heads * g.head_dim * (g.bf16 ? 2 : 4);
   for (int64_t p = from; p < to;) {
     const int64_t off = p % g.block_size, n = std::min(g.block_size - off, to - p);
     const int64_t first = (table[p / g.block_size] * g.block_size + off) * row_bytes;
-    for (const float* pool : {g.k, g.v}) {
+    for (const void* pool : {g.k, g.v}) {
       const char* base = reinterpret_cast<const char*>(pool) + first;
       for (int64_t b = 0; b < n * row_bytes; b += 64) __builtin_prefetch(base + b);
     }
@@ -69,12 +71,34 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
   }
   const int32_t* table = g.block_table + it.seq * g.max_blocks;
   const int64_t key_end = std::min(it.k1, cached + it.t1);  // the last token of the block sees the most keys
-  // Calls fn(row pointer, count, offset within the range) for each run of keys [from, to) inside one page.
-  auto for_pages = [&](const float* pool, int64_t from, int64_t to, auto&& fn) {
+  // A bf16 pool's current tile of keys (pool 0) and values (pool 1), widened: [n_tile, row_stride].
+  thread_local std::vector<float> widened;
+  if (g.bf16) widened.resize(2 * kKeyTile * row_stride);
+  int64_t widened_from = 0;  // the tile's first key
+  // Calls fn(f32 row pointer, count, offset within the range) for each run of keys [from, to) of the
+  // current tile inside one page (a bf16 pool: of the widened tile).
+  auto for_pages = [&](int pool, int64_t from, int64_t to, auto&& fn) {
+    if (g.bf16) {
+      fn(widened.data() + (pool * kKeyTile + from - widened_from) * row_stride, to - from, 0);
+      return;
+    }
+    const float* rows = static_cast<const float*>(pool == 0 ? g.k : g.v);
     for (int64_t p = from; p < to;) {
       const int64_t off = p % g.block_size, n = std::min(g.block_size - off, to - p);
-      fn(pool + (table[p / g.block_size] * g.block_size + off) * row_stride, n, p - from);
+      fn(rows + (table[p / g.block_size] * g.block_size + off) * row_stride, n, p - from);
       p += n;
+    }
+  };
+  auto widen_tile = [&](int64_t from, int64_t to) {
+    widened_from = from;
+    for (int pool = 0; pool < 2; ++pool) {
+      const auto* rows = static_cast<const uint16_t*>(pool == 0 ? g.k : g.v);
+      for (int64_t p = from; p < to;) {
+        const int64_t off = p % g.block_size, n = std::min(g.block_size - off, to - p);
+        ctx.k.to_f32(DType::bf16, rows + (table[p / g.block_size] * g.block_size + off) * row_stride,
+                     widened.data() + (pool * kKeyTile + p - from) * row_stride, n * row_stride);
+        p += n;
+      }
     }
   };
   thread_local std::vector<float> kv_tile;
@@ -88,6 +112,7 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
     // Tokens see keys [0, cached + t + 1): those before `first` see none of this tile.
     const int64_t first = std::max<int64_t>(0, kt - cached - it.t0), rows = (tokens - first) * G;
     if (rows <= 0) continue;
+    if (g.bf16) widen_tile(kt, tile_end);
     for (int64_t kvh = 0; kvh < g.kv_heads; ++kvh) {
       const int64_t row0 = kvh * group_rows + first * G;
       float* part = partial + row0 * width;
@@ -97,9 +122,9 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
       // kv_heads·hd apart, often 4 KiB, which would put a page's keys in one L1 set) for two GEMMs.
       const bool gemm = rows > kGemmRows;
       if (gemm) {
-        for (const auto& pair : {std::pair{g.k, Kt}, std::pair{g.v, Vt}}) {
+        for (const auto& pair : {std::pair{0, Kt}, std::pair{1, Vt}}) {
           // Named copies: clang 14 cannot capture structured bindings in the lambda below.
-          const auto pool = pair.first;
+          const int pool = pair.first;
           float* const dst = pair.second;
           for_pages(pool, kt, tile_end, [&](const float* src, int64_t n, int64_t at) {
             for (int64_t j = 0; j < n; ++j) std::copy_n(src + j * row_stride + kvh * hd, hd, dst + (at + j) * hd);
@@ -112,7 +137,7 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
         float* s = S + r * kKeyTile;
         float* p = part + r * width;
         if (!gemm) {
-          for_pages(g.k, kt, kt + visible, [&](const float* k, int64_t n, int64_t at) {
+          for_pages(0, kt, kt + visible, [&](const float* k, int64_t n, int64_t at) {
             ctx.k.dots_strided(q + r * hd, k + kvh * hd, n, row_stride, hd, s + at);
           });
         }
@@ -127,7 +152,7 @@ void run_item(const Context& ctx, const Geometry& g, const Item& it, int64_t seq
         if (gemm) {
           std::fill(s + visible, s + n_tile, 0.0f);  // causally hidden
         } else {
-          for_pages(g.v, kt, kt + visible, [&](const float* v, int64_t n, int64_t at) {
+          for_pages(1, kt, kt + visible, [&](const float* v, int64_t n, int64_t at) {
             ctx.k.axpys_strided(s + at, v + kvh * hd, n, row_stride, hd, p + 2);
           });
         }
@@ -146,8 +171,7 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
   check_f32("attention", "out", out, 3);
   check_shape("attention", "out", out, q.shape);
   QINFER_CHECK(out.data != q.data || out.numel() == 0, "cpu attention: out must not alias q");
-  check_f32("attention", "pool.k", pool.k, 4);
-  check_f32("attention", "pool.v", pool.v, 4);
+  check_kv_pool("attention", pool);
   const int64_t num_blocks = pool.k.dim(0), kv_heads = pool.k.dim(2);
   check_shape("attention", "pool.k", pool.k, {num_blocks, layout.block_size, kv_heads, hd});
   check_shape("attention", "pool.v", pool.v, pool.k.shape);
@@ -203,8 +227,8 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
     }
   }
 
-  const Geometry geo{heads, group, hd, kv_heads, layout.block_size, layout.max_blocks, q.ptr<float>(),
-                     pool.k.ptr<float>(), pool.v.ptr<float>(), layout.block_table.data()};
+  const Geometry geo{heads,          group,  hd, kv_heads, layout.block_size, layout.max_blocks, q.ptr<float>(),
+                     pool.k.data,    pool.v.data, pool.k.dtype == DType::bf16, layout.block_table.data()};
   const int64_t width = hd + 2;
   std::vector<float> partial(partial_rows * width);
   // Causal prefill makes later token blocks dearer: visiting items first, last, second, second to

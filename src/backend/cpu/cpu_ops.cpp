@@ -41,6 +41,15 @@ void check_f32(std::string_view op, std::string_view arg, const Tensor& t, int r
   QINFER_CHECK(t.dtype == DType::f32, "cpu {}: {} must be f32, got {}", op, arg, name(t.dtype));
 }
 
+void check_kv_pool(std::string_view op, const KvPool& pool) {
+  check_tensor(op, "pool.k", pool.k, 4);
+  check_tensor(op, "pool.v", pool.v, 4);
+  QINFER_CHECK(pool.k.dtype == DType::f32 || pool.k.dtype == DType::bf16, "cpu {}: pool.k must be f32 or bf16, got {}",
+               op, name(pool.k.dtype));
+  QINFER_CHECK(pool.v.dtype == pool.k.dtype, "cpu {}: pool.k is {} but pool.v {}", op, name(pool.k.dtype),
+               name(pool.v.dtype));
+}
+
 void check_weight(std::string_view op, std::string_view arg, const Tensor& t, int rank) {
   check_tensor(op, arg, t, rank);
   QINFER_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16,
@@ -258,8 +267,7 @@ class CpuOps final : public Ops {
     const int64_t T = k.dim(0), kv_heads = k.dim(1), head_dim = k.dim(2), row = kv_heads * head_dim;
     check_layout("kv_store", layout.seqs, T, -1);
     const int64_t S = layout.seqs.num_seqs();
-    check_f32("kv_store", "pool.k", pool.k, 4);
-    check_f32("kv_store", "pool.v", pool.v, 4);
+    check_kv_pool("kv_store", pool);
     check_shape("kv_store", "pool.k", pool.k, {pool.k.dim(0), layout.block_size, kv_heads, head_dim});
     check_shape("kv_store", "pool.v", pool.v, pool.k.shape);
     QINFER_CHECK(static_cast<int64_t>(layout.block_table.size()) == S * layout.max_blocks &&
@@ -277,8 +285,15 @@ class CpuOps final : public Ops {
         QINFER_CHECK(block >= 0 && block < pool.k.dim(0), "cpu kv_store: block_table[{}, {}] = {} is outside the {} blocks",
                      s, logical, block, pool.k.dim(0));
         const int64_t dst = (block * layout.block_size + position % layout.block_size) * row;
-        std::copy_n(k.ptr<float>() + t * row, row, pool.k.ptr<float>() + dst);
-        std::copy_n(v.ptr<float>() + t * row, row, pool.v.ptr<float>() + dst);
+        if (pool.k.dtype == DType::f32) {
+          std::copy_n(k.ptr<float>() + t * row, row, pool.k.ptr<float>() + dst);
+          std::copy_n(v.ptr<float>() + t * row, row, pool.v.ptr<float>() + dst);
+          continue;
+        }
+        for (int64_t i = 0; i < row; ++i) {  // bf16, rounded to nearest even
+          pool.k.ptr<uint16_t>()[dst + i] = f32_to_bf16(k.ptr<float>()[t * row + i]);
+          pool.v.ptr<uint16_t>()[dst + i] = f32_to_bf16(v.ptr<float>()[t * row + i]);
+        }
       }
     }
   }

@@ -26,6 +26,8 @@ void check_tensor(std::string_view op, std::string_view arg, const Tensor& t, in
 void check_f32(std::string_view op, std::string_view arg, const Tensor& t, int rank);
 void check_weight(std::string_view op, std::string_view arg, const Tensor& t, int rank);  // f32|bf16|f16
 void check_shape(std::string_view op, std::string_view arg, const Tensor& t, const std::vector<int64_t>& shape);
+// pool.k and pool.v: rank 4, one dtype, f32 or bf16.
+void check_kv_pool(std::string_view op, const KvPool& pool);
 
 // C[M, N] = A[M, K] · B[N, K]ᵀ over the pool: N is split across threads; large M goes through a packed
 // f32 GEMM (OpenBLAS where built with it) on weight blocks converted once per call.

@@ -7,7 +7,8 @@
 // causal limit. With few blocks the keys of a tile are split among `splits` blocks and a second
 // kernel merges their partial results. Decode and verification batches (a few tokens per sequence)
 // go to the flash-decoding kernel below, prefill to attention_mma.cu's tensor cores (see launch.h).
-// Decode is bound by reading the pool, so f32 arithmetic costs nothing there.
+// Decode is bound by reading the pool, so f32 arithmetic costs nothing there. The pool holds f32 or
+// bf16 (KvPoolView): every kernel is instantiated for both and widens the elements as they load.
 #include <string>
 
 #include "backend/cuda/common.cuh"
@@ -27,20 +28,22 @@ int64_t shared_floats(int64_t head_dim) {
   return kRows * pitch + kKeyTile * pitch + kRows * kScorePitch + kRows * head_dim + 3 * kRows;
 }
 
+template <typename E>
 __global__ void __launch_bounds__(kThreads, 4)
     kv_store_kernel(const float* __restrict__ k, const float* __restrict__ v, const int32_t* __restrict__ dst_rows,
-                    int64_t T, int64_t row_floats, float* __restrict__ pool_k, float* __restrict__ pool_v) {
+                    int64_t T, int64_t row_floats, E* __restrict__ pool_k, E* __restrict__ pool_v) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int64_t dst = static_cast<int64_t>(dst_rows[t]) * row_floats, src = t * row_floats;
     for (int64_t i = threadIdx.x; i < row_floats; i += kThreads) {
-      pool_k[dst + i] = k[src + i];
-      pool_v[dst + i] = v[src + i];
+      pool_k[dst + i] = to_kv<E>(k[src + i]);
+      pool_v[dst + i] = to_kv<E>(v[src + i]);
     }
   }
 }
 
+template <typename E>
 __global__ void __launch_bounds__(kThreads, 4)
-    attention_kernel(const float* __restrict__ q, const float* __restrict__ pool_k, const float* __restrict__ pool_v,
+    attention_kernel(const float* __restrict__ q, const E* __restrict__ pool_k, const E* __restrict__ pool_v,
                      AttentionArrays L, int64_t heads, int64_t kv_heads, int head_dim, float scale, int splits,
                      int64_t T, float* __restrict__ partial, float* __restrict__ out) {
   extern __shared__ float smem[];
@@ -80,15 +83,15 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
   for (int r = tid; r < kRows; r += kThreads) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 
-  // With hd % 4 == 0 and an aligned pool every row starts 16-byte aligned: one float4 per 4
+  // With hd % 4 == 0 and an aligned pool every row starts aligned for 4 elements: one load per 4
   // features keeps several loads in flight per thread, where scalar loads chain their latencies.
-  auto load_tile = [&](const float* __restrict__ pool, int kt, int nk) {
-    if (hd % 4 == 0 && reinterpret_cast<uintptr_t>(pool) % 16 == 0) {
+  auto load_tile = [&](const E* __restrict__ pool, int kt, int nk) {
+    if (hd % 4 == 0 && reinterpret_cast<uintptr_t>(pool) % (4 * sizeof(E)) == 0) {
       const int quads = hd / 4;
       for (int idx = tid; idx < nk * quads; idx += kThreads) {
         const int j = idx / quads, d = 4 * (idx % quads), p = kt + j;
         const int64_t pool_row = static_cast<int64_t>(blocks[p / L.block_size]) * L.block_size + p % L.block_size;
-        const float4 v = __ldg(reinterpret_cast<const float4*>(pool + (pool_row * kv_heads + kvh) * hd + d));
+        const float4 v = load4_kv(pool + (pool_row * kv_heads + kvh) * hd + d);
         float* dst = KV + j * pitch + d;
         dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
       }
@@ -97,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int idx = tid; idx < nk * hd; idx += kThreads) {
       const int j = idx / hd, d = idx % hd, p = kt + j;
       const int64_t pool_row = static_cast<int64_t>(blocks[p / L.block_size]) * L.block_size + p % L.block_size;
-      KV[j * pitch + d] = pool[(pool_row * kv_heads + kvh) * hd + d];
+      KV[j * pitch + d] = from_kv(pool[(pool_row * kv_heads + kvh) * hd + d]);
     }
   };
 
@@ -199,7 +202,8 @@ __global__ void __launch_bounds__(kThreads, 4)
 // its warps take the split's chunks of keys in turn. A warp's lanes lie across head_dim, so every
 // lane loads, scores and accumulates its own features of a key and the tile's query rows stay in
 // registers; a dot product is one butterfly of shuffles. Keys come in by cp.async, kStages chunks
-// ahead, into a per-warp ring that each lane reads back only where it wrote: no barrier per chunk.
+// ahead, into a per-warp ring, as 16-byte copies spread over the warp: a __syncwarp per chunk, no
+// block barrier.
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * kWarp;
@@ -210,18 +214,21 @@ constexpr int kDecodeThreads = kDecodeWarps * kWarp;
 // keys, 388 at 16, 380 at 128).
 constexpr int kDecodeMinSplitKeys = 64;
 
-// A lane holds kVec features of each row as kPieces runs of kPiece floats (one 8- or 16-byte load
-// each); a piece of the warp spans kWarp · kPiece contiguous features.
-template <int HD>
+// A lane holds kVec features of each row as kPieces runs of kPiece elements (one 4- to 16-byte load
+// each); a piece of the warp spans kWarp · kPiece contiguous features. E: the pool's elements.
+// Query rows a decode tile keeps in registers.
+constexpr int decode_max_rows(int head_dim) { return head_dim <= 128 ? 8 : 4; }
+
+template <int HD, typename E = float>
 struct DecodeShape {
   static constexpr int kVec = HD / kWarp;
   static constexpr int kPiece = kVec >= 4 ? 4 : kVec;
   static constexpr int kPieces = kVec / kPiece;
   static constexpr int kChunk = HD <= 128 ? 4 : 2;  // keys per online-softmax step
-  static constexpr int kStages = HD <= 64 ? 6 : 3;  // 12 KiB of keys and values in flight per warp
-  static constexpr int kMaxRows = HD <= 128 ? 8 : 4;  // query rows in registers
-  static constexpr int kStageFloats = kChunk * 2 * HD;
-  static constexpr int kRingFloats = kStages * kStageFloats;
+  // 12 KiB of f32 keys and values in flight per warp (bf16: as many bytes, up to 8 stages).
+  static constexpr int kStages = std::min(8, (HD <= 64 ? 6 : 3) * 4 / static_cast<int>(sizeof(E)));
+  static constexpr int kStageElems = kChunk * 2 * HD;
+  static constexpr int kRingElems = kStages * kStageElems;
   static __device__ __forceinline__ int piece_offset(int p, int lane) { return (p * kWarp + lane) * kPiece; }
 };
 
@@ -233,6 +240,17 @@ __device__ __forceinline__ void load_piece(const float* src, float* dst) {
   } else {
     const float2 v = *reinterpret_cast<const float2*>(src);
     dst[0] = v.x, dst[1] = v.y;
+  }
+}
+
+// P (2 or 4) bf16 from shared memory, widened.
+template <int P>
+__device__ __forceinline__ void load_piece(const __nv_bfloat16* src, float* dst) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(src);
+#pragma unroll
+  for (int i = 0; i < P / 2; ++i) {
+    const float2 v = __bfloat1622float2(pairs[i]);
+    dst[2 * i] = v.x, dst[2 * i + 1] = v.y;
   }
 }
 
@@ -256,13 +274,9 @@ __device__ __forceinline__ void store_piece(float* dst, const float* v) {
     *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
 }
 
-template <int P>
-__device__ __forceinline__ void cp_async_piece(float* dst, const float* src) {
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const auto addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  if constexpr (P == 4)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(addr), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -270,11 +284,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <int HD, int R>
-constexpr int decode_shared_floats() {
-  using S = DecodeShape<HD>;
+template <int HD, int R, typename E>
+constexpr size_t decode_shared_bytes() {
+  using S = DecodeShape<HD, E>;
   // The key rings, then (reusing them) the warps' accumulators, maxima, sums and merge weights.
-  return std::max(kDecodeWarps * S::kRingFloats, kDecodeWarps * R * HD + 3 * kDecodeWarps * R + R);
+  return std::max(sizeof(E) * kDecodeWarps * S::kRingElems,
+                  sizeof(float) * (kDecodeWarps * R * HD + 3 * kDecodeWarps * R + R));
 }
 
 // Merges the splits of (token, head) th of a decode launch into out: lane i weighs splits i, i + 32, ...
@@ -337,13 +352,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
 // Scores are kept in base 2: q comes pre-scaled by scale · log2(e). Rows past the tile's `rows`
 // repeat its last row (their results are dropped), so every row has a key and a finite maximum.
-template <int HD, int R>
+template <int HD, int R, typename E>
 __global__ void __launch_bounds__(kDecodeThreads)
-    attention_decode_kernel(const float* __restrict__ q, const float* __restrict__ pool_k,
-                            const float* __restrict__ pool_v, AttentionArrays L, int heads, int kv_heads,
-                            float scale_log2, int splits, int64_t T, float* __restrict__ partial,
-                            int* __restrict__ arrivals, float* __restrict__ out) {
-  using S = DecodeShape<HD>;
+    attention_decode_kernel(const float* __restrict__ q, const E* __restrict__ pool_k, const E* __restrict__ pool_v,
+                            AttentionArrays L, int heads, int kv_heads, float scale_log2, int splits, int64_t T,
+                            float* __restrict__ partial, int* __restrict__ arrivals, float* __restrict__ out) {
+  using S = DecodeShape<HD, E>;
   constexpr int kVec = S::kVec, kPiece = S::kPiece, kPieces = S::kPieces, kChunk = S::kChunk;
   constexpr int kStages = S::kStages;
   constexpr int kChunksPerLookup = kWarp / kChunk;  // chunks whose pool rows one lane-wide lookup finds
@@ -389,22 +403,25 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int key = min(first_key(first_chunk + lane / kChunk) + lane % kChunk, tile_keys - 1);
     return blocks[key / L.block_size] * L.block_size + key % L.block_size;
   };
-  float* ring = smem + warp * S::kRingFloats;
+  E* ring = reinterpret_cast<E*>(decode_smem) + warp * S::kRingElems;
   int looked_up = -1, lane_row = 0;
+  // A chunk lands as 16-byte copies spread evenly over the warp, whichever lanes compute on them
+  // (bf16 rows in 8-byte pieces would halve the bytes per copy): stage rows 2n and 2n + 1 are key
+  // n's K and V, HD elements each.
+  constexpr int kCopyElems = 16 / static_cast<int>(sizeof(E));
+  constexpr int kCopies = S::kStageElems / (kCopyElems * kWarp);
+  static_assert(kCopies * kCopyElems * kWarp == S::kStageElems && HD % kCopyElems == 0);
   auto issue = [&](int i) {
     const int first = i - i % kChunksPerLookup;
     if (first != looked_up) lane_row = lookup(first), looked_up = first;
-    float* stage = ring + (i % kStages) * S::kStageFloats;
+    E* stage = ring + (i % kStages) * S::kStageElems;
 #pragma unroll
-    for (int n = 0; n < kChunk; ++n) {
-      const int row = __shfl_sync(kAll, lane_row, (i % kChunksPerLookup) * kChunk + n);
-      const int64_t offset = (static_cast<int64_t>(row) * kv_heads + kvh) * HD;
-#pragma unroll
-      for (int p = 0; p < kPieces; ++p) {
-        const int d = S::piece_offset(p, lane);
-        cp_async_piece<kPiece>(stage + 2 * n * HD + d, pool_k + offset + d);
-        cp_async_piece<kPiece>(stage + (2 * n + 1) * HD + d, pool_v + offset + d);
-      }
+    for (int c = 0; c < kCopies; ++c) {
+      const int e = (c * kWarp + lane) * kCopyElems;
+      const int r = e / HD, d = e % HD;
+      const int row = __shfl_sync(kAll, lane_row, (i % kChunksPerLookup) * kChunk + r / 2);
+      const E* pool = r % 2 == 0 ? pool_k : pool_v;
+      cp_async16(stage + e, pool + (static_cast<int64_t>(row) * kv_heads + kvh) * HD + d);
     }
   };
 
@@ -437,11 +454,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int e = 0; e < kVec; ++e) qr[r][e] *= scale_log2;
   }
   for (int i = 0; i < n_chunks; ++i) {
-    __syncwarp();  // this lane's reads of the stage being refilled (chunk i − 1) are done
+    __syncwarp();  // every lane's reads of the stage being refilled (chunk i − 1) are done
     if (i + kStages - 1 < n_chunks) issue(i + kStages - 1);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
-    const float* stage = ring + (i % kStages) * S::kStageFloats;
+    __syncwarp();  // and every lane's copies of chunk i have landed
+    const E* stage = ring + (i % kStages) * S::kStageElems;
     float score[kChunk][R];
 #pragma unroll
     for (int n = 0; n < kChunk; ++n) {
@@ -573,12 +591,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
   if (tid == 0) *count = 0;  // ready for the next launch (and replay) that uses it
 }
 
-template <int HD, int R>
-void launch_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout, int64_t T,
+template <int HD, int R, typename E>
+void launch_decode(const float* q, const E* pool_k, const E* pool_v, const AttentionArrays& layout, int64_t T,
                    int64_t heads, int64_t kv_heads, float scale, int splits, float* partial, int* arrivals, float* out,
                    cudaStream_t stream) {
-  constexpr size_t bytes = decode_shared_floats<HD, R>() * sizeof(float);
-  auto kernel = attention_decode_kernel<HD, R>;
+  constexpr size_t bytes = decode_shared_bytes<HD, R, E>();
+  auto kernel = attention_decode_kernel<HD, R, E>;
   // The default limit on dynamic shared memory is 48 KiB less the kernel's static shared memory (the
   // merge's flag), which the rings may already fill: always raise it to what the launch uses.
   QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
@@ -596,18 +614,18 @@ void launch_decode(const float* q, const float* pool_k, const float* pool_v, con
   }
 }
 
-template <int HD>
-void launch_decode_rows(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
-                        int64_t T, int64_t heads, int64_t kv_heads, int64_t tile_rows, float scale, int splits,
-                        float* partial, int* arrivals, float* out, cudaStream_t stream) {
-  static_assert(DecodeShape<HD>::kMaxRows == 4 || DecodeShape<HD>::kMaxRows == 8);
+template <int HD, typename E>
+void launch_decode_rows(const float* q, const E* pool_k, const E* pool_v, const AttentionArrays& layout, int64_t T,
+                        int64_t heads, int64_t kv_heads, int64_t tile_rows, float scale, int splits, float* partial,
+                        int* arrivals, float* out, cudaStream_t stream) {
+  static_assert(decode_max_rows(HD) == 4 || decode_max_rows(HD) == 8);
   switch (tile_rows) {
-    case 1: return launch_decode<HD, 1>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
-    case 2: return launch_decode<HD, 2>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
-    case 4: return launch_decode<HD, 4>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
+    case 1: return launch_decode<HD, 1, E>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
+    case 2: return launch_decode<HD, 2, E>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
+    case 4: return launch_decode<HD, 4, E>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
     case 8:
-      if constexpr (DecodeShape<HD>::kMaxRows == 8)
-        return launch_decode<HD, 8>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
+      if constexpr (decode_max_rows(HD) == 8)
+        return launch_decode<HD, 8, E>(q, pool_k, pool_v, layout, T, heads, kv_heads, scale, splits, partial, arrivals, out, stream);
       [[fallthrough]];
     default:
       throw_error("attention_decode: " + std::to_string(tile_rows) + " rows per tile at head_dim " +
@@ -618,10 +636,14 @@ void launch_decode_rows(const float* q, const float* pool_k, const float* pool_v
 }  // namespace
 
 void launch_kv_store(const float* k, const float* v, const int32_t* dst_rows, int64_t T, int64_t row_floats,
-                     float* pool_k, float* pool_v, cudaStream_t stream) {
+                     const KvPoolView& pool, cudaStream_t stream) {
   if (T == 0 || row_floats == 0) return;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(T, 65535));
-  kv_store_kernel<<<blocks, kThreads, 0, stream>>>(k, v, dst_rows, T, row_floats, pool_k, pool_v);
+  with_kv_type(pool, [&](auto e) {
+    using E = decltype(e);
+    kv_store_kernel<<<blocks, kThreads, 0, stream>>>(k, v, dst_rows, T, row_floats, static_cast<E*>(pool.k),
+                                                     static_cast<E*>(pool.v));
+  });
   QINFER_CUDA_CHECK_LAUNCH("kv_store_kernel<<<>>>");
 }
 
@@ -637,19 +659,23 @@ int64_t attention_partial_floats(int64_t splits, int64_t T, int64_t heads, int64
   return splits * T * heads * (head_dim + 2);
 }
 
-void launch_attention(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+void launch_attention(const float* q, const KvPoolView& pool, const AttentionArrays& layout,
                       int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int splits,
                       float* partial, float* out, cudaStream_t stream) {
   if (T == 0 || layout.num_tiles == 0 || heads == 0 || head_dim == 0) return;
   const size_t bytes = attention_shared_bytes(head_dim);
-  // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
-  if (bytes > 48 * 1024)
-    QINFER_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bytes)));
   const dim3 grid(static_cast<unsigned>(layout.num_tiles), static_cast<unsigned>(kv_heads),
                   static_cast<unsigned>(splits));
-  attention_kernel<<<grid, kThreads, bytes, stream>>>(q, pool_k, pool_v, layout, heads, kv_heads,
-                                                      static_cast<int>(head_dim), scale, splits, T, partial, out);
+  with_kv_type(pool, [&](auto e) {
+    using E = decltype(e);
+    // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
+    if (bytes > 48 * 1024)
+      QINFER_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bytes)));
+    attention_kernel<E><<<grid, kThreads, bytes, stream>>>(q, static_cast<const E*>(pool.k),
+                                                           static_cast<const E*>(pool.v), layout, heads, kv_heads,
+                                                           static_cast<int>(head_dim), scale, splits, T, partial, out);
+  });
   QINFER_CUDA_CHECK_LAUNCH("attention_kernel<<<>>>");
   if (splits > 1) {
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(T * heads, 65535));
@@ -661,9 +687,9 @@ void launch_attention(const float* q, const float* pool_k, const float* pool_v, 
 int64_t attention_decode_tile_rows(int64_t head_dim, int64_t max_rows) {
   int64_t limit = 0;
   switch (head_dim) {
-    case 64: limit = DecodeShape<64>::kMaxRows; break;
-    case 128: limit = DecodeShape<128>::kMaxRows; break;
-    case 256: limit = DecodeShape<256>::kMaxRows; break;
+    case 64: limit = decode_max_rows(64); break;
+    case 128: limit = decode_max_rows(128); break;
+    case 256: limit = decode_max_rows(256); break;
     default: return 0;
   }
   int64_t rows = 1;
@@ -678,22 +704,27 @@ int attention_decode_splits(int64_t blocks, int64_t max_keys, int sm_count) {
   return static_cast<int>(std::clamp<int64_t>(std::min(for_blocks, for_keys), 1, kAttentionDecodeMaxSplits));
 }
 
-void launch_attention_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
-                             int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tile_rows,
-                             float scale, int splits, float* partial, int* arrivals, float* out, cudaStream_t stream) {
+void launch_attention_decode(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t T,
+                             int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tile_rows, float scale,
+                             int splits, float* partial, int* arrivals, float* out, cudaStream_t stream) {
   if (T == 0 || layout.num_tiles == 0 || heads == 0) return;
-  switch (head_dim) {
-    case 64:
-      return launch_decode_rows<64>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
-                                    arrivals, out, stream);
-    case 128:
-      return launch_decode_rows<128>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
-                                     arrivals, out, stream);
-    case 256:
-      return launch_decode_rows<256>(q, pool_k, pool_v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
-                                     arrivals, out, stream);
-    default: throw_error("attention_decode: head_dim " + std::to_string(head_dim) + " has no decode kernel");
-  }
+  with_kv_type(pool, [&](auto e) {
+    using E = decltype(e);
+    const auto* k = static_cast<const E*>(pool.k);
+    const auto* v = static_cast<const E*>(pool.v);
+    switch (head_dim) {
+      case 64:
+        return launch_decode_rows<64>(q, k, v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
+                                      arrivals, out, stream);
+      case 128:
+        return launch_decode_rows<128>(q, k, v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
+                                       arrivals, out, stream);
+      case 256:
+        return launch_decode_rows<256>(q, k, v, layout, T, heads, kv_heads, tile_rows, scale, splits, partial,
+                                       arrivals, out, stream);
+      default: throw_error("attention_decode: head_dim " + std::to_string(head_dim) + " has no decode kernel");
+    }
+  });
 }
 
 }  // namespace qinfer::cuda

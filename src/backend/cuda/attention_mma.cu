@@ -1,5 +1,6 @@
-// Prefill attention on the tensor cores: causal paged GQA flash attention over the f32 pool, in two
-// precisions with f32 accumulation: TF32 mma.sync m16n8k8 (exact mode) and bf16 m16n8k16 (fast mode).
+// Prefill attention on the tensor cores: causal paged GQA flash attention over the pool (f32 or bf16
+// elements), in two precisions with f32 accumulation: TF32 mma.sync m16n8k8 (exact mode) and bf16
+// m16n8k16 (fast mode).
 //
 // A block takes a tile of query rows of one sequence and kv head (rows = tokens × the group's query
 // heads, as in attention.cu, so the group shares every key / value tile) and walks the keys in tiles
@@ -10,8 +11,11 @@
 // TF32: K / V tiles come in by cp.async as f32, operands are rounded (cvt.rna) where they enter an
 // MMA, and P goes from the accumulator layout straight into the A operand (no shuffles) by reading
 // the key dimension of P·V in a permuted order that V's B fragments follow.
+// A bf16 pool's tiles are widened to f32 as they are loaded (plain loads: exact mode over a bf16
+// cache is a rare pairing).
 // bf16: Q, K and V are rounded to bf16 (RNE) as they are staged into shared memory, from where
-// ldmatrix feeds the MMAs; P is rounded to bf16 for P·V. Its tiles are 128 query rows for every
+// ldmatrix feeds the MMAs; P is rounded to bf16 for P·V. A bf16 pool's tiles go straight into the
+// bf16 buffers by cp.async. Its tiles are 128 query rows for every
 // head_dim (8 warps), so at head_dim 256 they differ from the TF32 kernel's 64.
 #include <cuda_bf16.h>
 
@@ -81,15 +85,20 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, int byt
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src), "r"(bytes) : "memory");
 }
+// 8 bytes global → shared (bytes = 0: zeros).
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, int bytes) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(addr), "l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-template <int HD>
+template <int HD, typename E>
 __global__ void __launch_bounds__(MmaShape<HD>::kThreads, 1)
-    attention_mma_kernel(const float* __restrict__ q, const float* __restrict__ pool_k,
-                         const float* __restrict__ pool_v, AttentionArrays L, int heads, int kv_heads,
-                         float q_scale, int block_shift, float* __restrict__ out) {
+    attention_mma_kernel(const float* __restrict__ q, const E* __restrict__ pool_k, const E* __restrict__ pool_v,
+                         AttentionArrays L, int heads, int kv_heads, float q_scale, int block_shift,
+                         float* __restrict__ out) {
   using S = MmaShape<HD>;
   constexpr int kKeys = S::kKeys, kNT = kKeys / 8, kHT = HD / 8, kKS = HD / 16;
   extern __shared__ float4 smem4[];
@@ -144,8 +153,14 @@ __global__ void __launch_bounds__(MmaShape<HD>::kThreads, 1)
         const int slot = p - page * bs;
         src = ((static_cast<int64_t>(blocks[page]) * bs + slot) * kv_heads + kvh) * HD + col;
       }
-      cp_async16(Ks + j * S::kKPitch + col, pool_k + src, live ? 16 : 0);
-      cp_async16(Vs + j * S::kVPitch + col, pool_v + src, live ? 16 : 0);
+      if constexpr (std::is_same_v<E, float>) {
+        cp_async16(Ks + j * S::kKPitch + col, pool_k + src, live ? 16 : 0);
+        cp_async16(Vs + j * S::kVPitch + col, pool_v + src, live ? 16 : 0);
+      } else {
+        const float4 zero{0.0f, 0.0f, 0.0f, 0.0f};
+        *reinterpret_cast<float4*>(Ks + j * S::kKPitch + col) = live ? load4_kv(pool_k + src) : zero;
+        *reinterpret_cast<float4*>(Vs + j * S::kVPitch + col) = live ? load4_kv(pool_v + src) : zero;
+      }
     }
   };
 
@@ -365,16 +380,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_b
                : "memory");
 }
 
-template <int HD>
+template <int HD, typename E>
 __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
-    attention_bf16_kernel(const float* __restrict__ q, const float* __restrict__ pool_k,
-                          const float* __restrict__ pool_v, AttentionArrays L, int heads, int kv_heads,
-                          float q_scale, int block_shift, float* __restrict__ out) {
+    attention_bf16_kernel(const float* __restrict__ q, const E* __restrict__ pool_k, const E* __restrict__ pool_v,
+                          AttentionArrays L, int heads, int kv_heads, float q_scale, int block_shift,
+                          float* __restrict__ out) {
   using S = Bf16Shape<HD>;
   constexpr int kKeys = S::kKeys, kNT = kKeys / 8, kKS = HD / 16, kHT = HD / 8, kP = S::kPitch;
+  constexpr bool kF32Pool = std::is_same_v<E, float>;
   extern __shared__ float4 smem4[];
-  float* staging = reinterpret_cast<float*>(smem4);                                  // [2][kKeys][HD] f32: K, V
-  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(staging + S::kStageFloats);  // [2][kKeys][kP]
+  float* staging = reinterpret_cast<float*>(smem4);  // [2][kKeys][HD] f32: K, V (an f32 pool's only)
+  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(staging + (kF32Pool ? S::kStageFloats : 0));  // [2][kKeys][kP]
   __nv_bfloat16* Vb = Kb + 2 * S::kTileElems;                                        // [2][kKeys][kP]
   __nv_bfloat16* Qs = Vb + 2 * S::kTileElems;                                        // [kRows][kP]
 
@@ -414,9 +430,10 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
   const int warp_unmasked = cached + (r0 + wr) / group + 1;     // keys below every row's limit
 
   // While tile t is computed, tile t + 1 lands by cp.async in the f32 staging area and is then rounded
-  // into the bf16 buffer tile t - 1 freed; the block-table reads for tile t + 2 are in flight. This
-  // thread's float4 chunks are key rows chunk_row + i·kRowsPerPass at column chunk_col, of K and V
-  // alike, and it rounds only what it copied itself, so staging needs no barrier of its own.
+  // into the bf16 buffer tile t - 1 freed (a bf16 pool's lands in that buffer directly); the
+  // block-table reads for tile t + 2 are in flight. This thread's chunks of 4 features are key rows
+  // chunk_row + i·kRowsPerPass at column chunk_col, of K and V alike, and it rounds only what it
+  // copied itself, so staging needs no barrier of its own.
   const int chunk_row = tid / S::kChunksPerRow, chunk_col = (tid % S::kChunksPerRow) * 4;
   int pool_row[S::kChunks];  // of the next tile to stage; -1 past the block's keys (zero-filled)
   auto find_rows = [&](int kt) {
@@ -427,32 +444,40 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
       pool_row[i] = p < block_keys ? __ldg(blocks + page) * bs + (p - page * bs) : -1;
     }
   };
-  auto stage_begin = [&] {
+  auto stage_begin = [&](int buffer) {
 #pragma unroll
     for (int i = 0; i < S::kChunks; ++i) {
       const int j = chunk_row + i * S::kRowsPerPass;
       const bool live = pool_row[i] >= 0;
       const int64_t src = live ? (static_cast<int64_t>(pool_row[i]) * kv_heads + kvh) * HD + chunk_col : 0;
-      cp_async16(staging + j * HD + chunk_col, pool_k + src, live ? 16 : 0);
-      cp_async16(staging + (kKeys + j) * HD + chunk_col, pool_v + src, live ? 16 : 0);
+      if constexpr (kF32Pool) {
+        cp_async16(staging + j * HD + chunk_col, pool_k + src, live ? 16 : 0);
+        cp_async16(staging + (kKeys + j) * HD + chunk_col, pool_v + src, live ? 16 : 0);
+      } else {
+        const int dst = buffer * S::kTileElems + j * kP + chunk_col;
+        cp_async8(Kb + dst, pool_k + src, live ? 8 : 0);
+        cp_async8(Vb + dst, pool_v + src, live ? 8 : 0);
+      }
     }
     cp_async_commit();
   };
   auto stage_end = [&](int buffer) {
     cp_async_wait_all();
+    if constexpr (kF32Pool) {
 #pragma unroll
-    for (int i = 0; i < S::kChunks; ++i) {
-      const int j = chunk_row + i * S::kRowsPerPass;
-      const float4 k = *reinterpret_cast<const float4*>(staging + j * HD + chunk_col);
-      const float4 v = *reinterpret_cast<const float4*>(staging + (kKeys + j) * HD + chunk_col);
-      const int dst = buffer * S::kTileElems + j * kP + chunk_col;
-      *reinterpret_cast<uint2*>(Kb + dst) = uint2{pack_bf16(k.x, k.y), pack_bf16(k.z, k.w)};
-      *reinterpret_cast<uint2*>(Vb + dst) = uint2{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
+      for (int i = 0; i < S::kChunks; ++i) {
+        const int j = chunk_row + i * S::kRowsPerPass;
+        const float4 k = *reinterpret_cast<const float4*>(staging + j * HD + chunk_col);
+        const float4 v = *reinterpret_cast<const float4*>(staging + (kKeys + j) * HD + chunk_col);
+        const int dst = buffer * S::kTileElems + j * kP + chunk_col;
+        *reinterpret_cast<uint2*>(Kb + dst) = uint2{pack_bf16(k.x, k.y), pack_bf16(k.z, k.w)};
+        *reinterpret_cast<uint2*>(Vb + dst) = uint2{pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)};
+      }
     }
   };
 
   find_rows(0);
-  stage_begin();
+  stage_begin(0);
   // Q, scaled and rounded once: in registers as this lane's A fragments, or in shared memory.
   uint32_t qa[S::kQInRegs ? kKS : 1][4];
   if constexpr (S::kQInRegs) {
@@ -489,7 +514,7 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
 
   for (int t = 0; t < key_tiles; ++t) {
     const int kt = t * kKeys;
-    if (t + 1 < key_tiles) stage_begin();  // every thread read its staged tile t before the barrier
+    if (t + 1 < key_tiles) stage_begin((t + 1) & 1);  // staging / buffer (t + 1) & 1 free since the barrier
     if (t + 2 < key_tiles) find_rows(kt + 2 * kKeys);
 
     if (warp_active && kt < warp_keys) {
@@ -595,12 +620,14 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
   }
 }
 
-template <int HD, bool kBf16>
-void launch_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
-                int64_t heads, int64_t kv_heads, float scale, float* out, cudaStream_t stream) {
-  const auto kernel = kBf16 ? attention_bf16_kernel<HD> : attention_mma_kernel<HD>;
+template <int HD, bool kBf16, typename E>
+void launch_mma(const float* q, const E* pool_k, const E* pool_v, const AttentionArrays& layout, int64_t heads,
+                int64_t kv_heads, float scale, float* out, cudaStream_t stream) {
+  const auto kernel = kBf16 ? attention_bf16_kernel<HD, E> : attention_mma_kernel<HD, E>;
   const int threads = kBf16 ? Bf16Shape<HD>::kThreads : MmaShape<HD>::kThreads;
-  const size_t shared = kBf16 ? Bf16Shape<HD>::kSharedBytes : MmaShape<HD>::kSharedBytes;
+  // The bf16 kernel over a bf16 pool has no f32 staging area.
+  const size_t staging = kBf16 && !std::is_same_v<E, float> ? sizeof(float) * Bf16Shape<HD>::kStageFloats : 0;
+  const size_t shared = (kBf16 ? Bf16Shape<HD>::kSharedBytes : MmaShape<HD>::kSharedBytes) - staging;
   // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
   QINFER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   const int bs = layout.block_size;
@@ -615,10 +642,15 @@ void launch_mma(const float* q, const float* pool_k, const float* pool_v, const 
 }
 
 template <int HD>
-void launch_precision(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
-                      int64_t heads, int64_t kv_heads, float scale, bool bf16, float* out, cudaStream_t stream) {
-  if (bf16) return launch_mma<HD, true>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
-  launch_mma<HD, false>(q, pool_k, pool_v, layout, heads, kv_heads, scale, out, stream);
+void launch_precision(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t heads,
+                      int64_t kv_heads, float scale, bool bf16, float* out, cudaStream_t stream) {
+  with_kv_type(pool, [&](auto e) {
+    using E = decltype(e);
+    const auto* k = static_cast<const E*>(pool.k);
+    const auto* v = static_cast<const E*>(pool.v);
+    if (bf16) launch_mma<HD, true>(q, k, v, layout, heads, kv_heads, scale, out, stream);
+    else launch_mma<HD, false>(q, k, v, layout, heads, kv_heads, scale, out, stream);
+  });
 }
 
 }  // namespace
@@ -641,14 +673,13 @@ size_t attention_mma_shared_bytes(int64_t head_dim, bool bf16) {
   }
 }
 
-void launch_attention_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
-                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out,
-                          cudaStream_t stream) {
+void launch_attention_mma(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t heads,
+                          int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out, cudaStream_t stream) {
   if (layout.num_tiles == 0 || heads == 0) return;
   switch (head_dim) {
-    case 64: return launch_precision<64>(q, pool_k, pool_v, layout, heads, kv_heads, scale, bf16, out, stream);
-    case 128: return launch_precision<128>(q, pool_k, pool_v, layout, heads, kv_heads, scale, bf16, out, stream);
-    case 256: return launch_precision<256>(q, pool_k, pool_v, layout, heads, kv_heads, scale, bf16, out, stream);
+    case 64: return launch_precision<64>(q, pool, layout, heads, kv_heads, scale, bf16, out, stream);
+    case 128: return launch_precision<128>(q, pool, layout, heads, kv_heads, scale, bf16, out, stream);
+    case 256: return launch_precision<256>(q, pool, layout, heads, kv_heads, scale, bf16, out, stream);
     default: throw_error("attention_mma: head_dim " + std::to_string(head_dim) + " has no tensor-core kernel");
   }
 }

@@ -1,10 +1,12 @@
 #pragma once
 // Device helpers every kernel file shares: warp and block reductions, launch sizing, and reporting
 // a bad index into the Ops' DeviceStatus.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/launch.h"
@@ -137,6 +139,31 @@ void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 4096) {
   const int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, max_blocks));
+}
+
+// KV pool elements (KvPoolView): f32 kept as is, bf16 rounded to nearest even, both widened back
+// to f32 exactly.
+template <typename E>
+__device__ __forceinline__ E to_kv(float x) {
+  if constexpr (std::is_same_v<E, float>) return x;
+  else return __float2bfloat16_rn(x);
+}
+__device__ __forceinline__ float from_kv(float x) { return x; }
+__device__ __forceinline__ float from_kv(__nv_bfloat16 x) { return __bfloat162float(x); }
+// Four pool elements at p (16-byte aligned for f32, 8 for bf16), widened; read-only for the kernel.
+__device__ __forceinline__ float4 load4_kv(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 load4_kv(const __nv_bfloat16* p) {
+  const uint2 bits = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+  return float4{lo.x, lo.y, hi.x, hi.y};
+}
+
+// Calls f(E{}) with E the element type of a KvPoolView: float, or __nv_bfloat16.
+template <typename F>
+void with_kv_type(const KvPoolView& pool, F&& f) {
+  if (pool.bf16) f(__nv_bfloat16{});
+  else f(float{});
 }
 
 }  // namespace qinfer::cuda

@@ -235,6 +235,8 @@ constexpr int64_t round_up(int64_t n, int64_t align) { return (n + align - 1) / 
 class CudaOps final : public Ops {
  public:
   CudaOps(int device, Precision precision) : precision_(precision) {
+    // A bf16 model's cache as PyTorch and vLLM keep it; exact mode keeps every intermediate in f32.
+    kv_dtype_ = precision == Precision::fast ? DType::bf16 : DType::f32;
     const int count = device_count();
     QINFER_CHECK(count > 0, "cuda: no CUDA device is visible (no driver or no GPU); use the cpu backend");
     QINFER_CHECK(device >= 0 && device < count, "cuda: device {} does not exist ({} visible)", device, count);
@@ -664,22 +666,20 @@ class CudaOps final : public Ops {
     check_f32(op, "k_w", k_w, 1);
     check_shape(op, "k_w", k_w, {head_dim});
     check_distinct(op, "k", k, "q", q);
-    check_pool(op, pool, layout.block_size, kv_heads, head_dim);
+    const KvPoolView pool_view = check_pool(op, pool, layout.block_size, kv_heads, head_dim);
     check_attention_layout(op, layout, T, pool.k.dim(0), false);
     enter();
     const AttentionArrays arrays = upload_attention(layout, 0);
     if (replaying()) return;
     if (try_launch_rms_norm_rope_store(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), q_w.ptr<float>(),
                                        k_w.ptr<float>(), eps, positions.ptr<int32_t>(), T, heads, kv_heads, head_dim,
-                                       params.rotary_dim / 2, table, arrays.dst_rows, pool.k.ptr<float>(),
-                                       pool.v.ptr<float>(), stream()))
+                                       params.rotary_dim / 2, table, arrays.dst_rows, pool_view, stream()))
       return;
     launch_rms_norm_rope(q.ptr<float>(), q_w.ptr<float>(), eps, positions.ptr<int32_t>(), T, heads, head_dim,
                          params.rotary_dim / 2, table, stream());
     launch_rms_norm_rope(k.ptr<float>(), k_w.ptr<float>(), eps, positions.ptr<int32_t>(), T, kv_heads, head_dim,
                          params.rotary_dim / 2, table, stream());
-    launch_kv_store(k.ptr<float>(), v.ptr<float>(), arrays.dst_rows, T, kv_heads * head_dim, pool.k.ptr<float>(),
-                    pool.v.ptr<float>(), stream());
+    launch_kv_store(k.ptr<float>(), v.ptr<float>(), arrays.dst_rows, T, kv_heads * head_dim, pool_view, stream());
   }
 
   void kv_store(const Tensor& k, const Tensor& v, const AttentionLayout& layout, KvPool& pool) override {
@@ -687,13 +687,12 @@ class CudaOps final : public Ops {
     check_f32("kv_store", "v", v, 3);
     check_shape("kv_store", "v", v, k.shape);
     const int64_t T = k.dim(0), kv_heads = k.dim(1), head_dim = k.dim(2);
-    check_pool("kv_store", pool, layout.block_size, kv_heads, head_dim);
+    const KvPoolView pool_view = check_pool("kv_store", pool, layout.block_size, kv_heads, head_dim);
     check_attention_layout("kv_store", layout, T, pool.k.dim(0), false);
     enter();
     const AttentionArrays arrays = upload_attention(layout, 0);
     if (replaying()) return;
-    launch_kv_store(k.ptr<float>(), v.ptr<float>(), arrays.dst_rows, T, kv_heads * head_dim, pool.k.ptr<float>(),
-                    pool.v.ptr<float>(), stream());
+    launch_kv_store(k.ptr<float>(), v.ptr<float>(), arrays.dst_rows, T, kv_heads * head_dim, pool_view, stream());
   }
 
   void attention(const Tensor& q, const KvPool& pool, const AttentionLayout& layout, float scale,
@@ -706,7 +705,7 @@ class CudaOps final : public Ops {
     QINFER_CHECK(pool.k.rank() == 4, "cuda attention: pool.k must be [num_blocks, block_size, kv_heads, head_dim], got {}",
                  shape_str(pool.k.shape));
     const int64_t kv_heads = pool.k.dim(2);
-    check_pool("attention", pool, layout.block_size, kv_heads, head_dim);
+    const KvPoolView pool_view = check_pool("attention", pool, layout.block_size, kv_heads, head_dim);
     QINFER_CHECK(kv_heads > 0 && heads % kv_heads == 0,
                  "cuda attention: {} query heads are not a multiple of {} kv heads", heads, kv_heads);
     check_attention_layout("attention", layout, T, pool.k.dim(0), true);
@@ -732,8 +731,8 @@ class CudaOps final : public Ops {
         attention_mma_shared_bytes(head_dim, bf16) <= max_shared_) {
       const AttentionArrays arrays = upload_attention(layout, group, mma_rows);
       if (replaying()) return;
-      launch_attention_mma(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, heads, kv_heads,
-                           head_dim, scale, bf16, out.ptr<float>(), stream());
+      launch_attention_mma(q.ptr<float>(), pool_view, arrays, heads, kv_heads, head_dim, scale, bf16, out.ptr<float>(),
+                           stream());
       return;
     }
     // Decode and verification: the flash-decoding kernel. A recorded step plans its key splits for
@@ -747,8 +746,7 @@ class CudaOps final : public Ops {
       int splits = attention_decode_splits(arrays.num_tiles * kv_heads, max_keys, sm_count_);
       while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
       Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
-      launch_attention_decode(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, T, heads, kv_heads,
-                              head_dim, decode_rows, scale, splits, partial.as<float>(),
+      launch_attention_decode(q.ptr<float>(), pool_view, arrays, T, heads, kv_heads, head_dim, decode_rows, scale, splits, partial.as<float>(),
                               decode_arrivals(arrays.num_tiles * kv_heads), out.ptr<float>(), stream());
       return;
     }
@@ -767,8 +765,7 @@ class CudaOps final : public Ops {
       while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
     }
     Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
-    launch_attention(q.ptr<float>(), pool.k.ptr<float>(), pool.v.ptr<float>(), arrays, T, heads, kv_heads, head_dim,
-                     scale, static_cast<int>(splits), partial.as<float>(), out.ptr<float>(), stream());
+    launch_attention(q.ptr<float>(), pool_view, arrays, T, heads, kv_heads, head_dim, scale, static_cast<int>(splits), partial.as<float>(), out.ptr<float>(), stream());
   }
 
   void moe_route(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) override {
@@ -1395,11 +1392,19 @@ class CudaOps final : public Ops {
     check_shape(op, b_name, b, a.shape);
   }
 
-  void check_pool(std::string_view op, const KvPool& pool, int32_t block_size, int64_t kv_heads, int64_t head_dim) {
-    check_f32(op, "pool.k", pool.k, 4);
-    check_f32(op, "pool.v", pool.v, 4);
+  // A pool of f32 or bf16 K and V on this device (KvPool), as the kernels see it.
+  KvPoolView check_pool(std::string_view op, const KvPool& pool, int32_t block_size, int64_t kv_heads,
+                        int64_t head_dim) {
+    for (const auto& [arg, t] : {std::pair{"pool.k", &pool.k}, std::pair{"pool.v", &pool.v}}) {
+      check_tensor(op, arg, *t, 4);
+      QINFER_CHECK(t->dtype == DType::f32 || t->dtype == DType::bf16, "cuda {}: {} must be f32 or bf16, got {}", op,
+                   arg, qinfer::name(t->dtype));
+    }
+    QINFER_CHECK(pool.k.dtype == pool.v.dtype, "cuda {}: pool.k is {} but pool.v {}", op, qinfer::name(pool.k.dtype),
+                 qinfer::name(pool.v.dtype));
     check_shape(op, "pool.k", pool.k, {pool.k.dim(0), block_size, kv_heads, head_dim});
     check_shape(op, "pool.v", pool.v, pool.k.shape);
+    return KvPoolView{pool.k.data, pool.v.data, pool.k.dtype == DType::bf16};
   }
 
   // The kernels' view of a weight, after checking it like ref does: dense f32|bf16|f16 of `rank`, or

@@ -134,13 +134,20 @@ void launch_rope(float* x, const int32_t* positions, int64_t T, int64_t heads, i
 // Each head of x [T, heads, head_dim] rms_norm'ed with w [head_dim], then rotated as by launch_rope.
 void launch_rms_norm_rope(float* x, const float* w, float eps, const int32_t* positions, int64_t T, int64_t heads,
                           int64_t head_dim, int64_t half, const RopeTable& table, cudaStream_t stream);
+// One attention layer's KV pool on the device, [rows, kv_heads, head_dim] of K and of V: f32, or bf16
+// (the stores round to nearest even; the attention kernels widen to f32 as they load).
+struct KvPoolView {
+  void* k = nullptr;
+  void* v = nullptr;
+  bool bf16 = false;
+};
 // rms_norm_rope of q [T, heads, head_dim] and of k [T, kv_heads, head_dim] in one launch, k's rotated
 // heads and v's also written to pool rows dst_rows[t] (kv_store); false when the heads are too long
 // for registers (nothing launched).
 bool try_launch_rms_norm_rope_store(float* q, float* k, const float* v, const float* q_w, const float* k_w, float eps,
                                     const int32_t* positions, int64_t T, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, int64_t half, const RopeTable& table, const int32_t* dst_rows,
-                                    float* pool_k, float* pool_v, cudaStream_t stream);
+                                    const KvPoolView& pool, cudaStream_t stream);
 
 // --- attention.cu ------------------------------------------------------------------------------
 // Batch layout arrays on the device, built on the host from an AttentionLayout.
@@ -157,14 +164,14 @@ struct AttentionArrays {
 // the query heads of the group, (token, head) in that order.
 constexpr int kAttentionTileRows = 32;
 void launch_kv_store(const float* k, const float* v, const int32_t* dst_rows, int64_t T, int64_t row_floats,
-                     float* pool_k, float* pool_v, cudaStream_t stream);
+                     const KvPoolView& pool, cudaStream_t stream);
 // Shared memory the attention kernel needs for head_dim, and the most a block may have.
 size_t attention_shared_bytes(int64_t head_dim);
 size_t attention_max_shared_bytes(int device);
 // Causal paged GQA attention; splits > 1 divides each tile's keys among blocks (flash-decoding) and
 // needs `partial` scratch of attention_partial_floats(...) floats.
 int64_t attention_partial_floats(int64_t splits, int64_t T, int64_t heads, int64_t head_dim);
-void launch_attention(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+void launch_attention(const float* q, const KvPoolView& pool, const AttentionArrays& layout,
                       int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int splits,
                       float* partial, float* out, cudaStream_t stream);
 // Decode and speculative verification (every sequence at most kAttentionDecodeMaxTokens tokens,
@@ -179,7 +186,7 @@ int64_t attention_decode_tile_rows(int64_t head_dim, int64_t max_rows);
 int attention_decode_splits(int64_t blocks, int64_t max_keys, int sm_count);
 // With splits > 1, `arrivals` (num_tiles × kv_heads ints, zero, left zero) lets the last split of
 // each tile merge them; null: a second kernel merges.
-void launch_attention_decode(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+void launch_attention_decode(const float* q, const KvPoolView& pool, const AttentionArrays& layout,
                              int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tile_rows,
                              float scale, int splits, float* partial, int* arrivals, float* out, cudaStream_t stream);
 // Prefill on the tensor cores (attention_mma.cu): for batches where some sequence has at least
@@ -190,7 +197,7 @@ void launch_attention_decode(const float* q, const float* pool_k, const float* p
 constexpr int64_t kAttentionMmaMinRows = 64;
 int64_t attention_mma_tile_rows(int64_t head_dim, bool bf16);  // 0: no tensor-core kernel for head_dim
 size_t attention_mma_shared_bytes(int64_t head_dim, bool bf16);
-void launch_attention_mma(const float* q, const float* pool_k, const float* pool_v, const AttentionArrays& layout,
+void launch_attention_mma(const float* q, const KvPoolView& pool, const AttentionArrays& layout,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out,
                           cudaStream_t stream);
 

@@ -22,16 +22,21 @@ struct Heads {
   int64_t T, head_dim, half;
   const float* v;            // [T, heads[1], head_dim] when storing
   const int32_t* dst_rows;   // [T]: pool row of each token
-  float* pool_k;             // [rows, heads[1], head_dim]
-  float* pool_v;
+  void* pool_k;              // [rows, heads[1], head_dim] of Pool elements
+  void* pool_v;
+  bool bf16_pool;
 };
 
 // One warp per (token, head), the head in registers: lane l holds the rotation pairs (x[i],
 // x[i + half]) of frequencies i = l + 32k (k < kFreqs) and, when normed, the features past
 // rotary_dim j = 2·half + l + 32k (k < kPass). Loads and stores are coalesced; every element is
-// read and written by one lane.
-template <bool kNorm, int kFreqs, int kPass, bool kStore>
+// read and written by one lane. Pool: the KV pool's element type, void for no store.
+template <bool kNorm, int kFreqs, int kPass, typename Pool>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __grid_constant__ RopeTable table) {
+  constexpr bool kStore = !std::is_void_v<Pool>;
+  using Elem = std::conditional_t<kStore, Pool, float>;
+  Elem* const pool_k = static_cast<Elem*>(h.pool_k);
+  Elem* const pool_v = static_cast<Elem*>(h.pool_v);
   allow_next_kernel();
   wait_for_previous_kernel();
   const int lane = threadIdx.x % kWarp;
@@ -94,13 +99,13 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
         if (j >= h.head_dim) continue;
         const float value = pass[k] * inv_rms * w[j];
         xh[j] = value;
-        if (store) h.pool_k[pool_offset + j] = value;
+        if (store) pool_k[pool_offset + j] = to_kv<Elem>(value);
       }
     } else if (store) {
 #pragma unroll
       for (int k = 0; k < kPass; ++k) {
         const int64_t j = 2 * half + lane + k * kWarp;
-        if (j < h.head_dim) h.pool_k[pool_offset + j] = pass[k];
+        if (j < h.head_dim) pool_k[pool_offset + j] = to_kv<Elem>(pass[k]);
       }
     }
 #pragma unroll
@@ -113,8 +118,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
       xh[i] = lo;
       xh[i + half] = hi;
       if (store) {
-        h.pool_k[pool_offset + i] = lo;
-        h.pool_k[pool_offset + i + half] = hi;
+        pool_k[pool_offset + i] = to_kv<Elem>(lo);
+        pool_k[pool_offset + i + half] = to_kv<Elem>(hi);
       }
     }
     if constexpr (kStore) {
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
 #pragma unroll
         for (int k = 0; k < kValues; ++k) {
           const int64_t j = lane + k * kWarp;
-          if (j < h.head_dim) h.pool_v[pool_offset + j] = values[k];
+          if (j < h.head_dim) pool_v[pool_offset + j] = to_kv<Elem>(values[k]);
         }
       }
     }
@@ -132,8 +137,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
 template <bool kNorm, int kFreqs, int kPass>
 void launch_heads(const Heads& h, const RopeTable& table, cudaStream_t stream) {
   const unsigned blocks = grid_for(h.T * (h.heads[0] + h.heads[1]), kWarpsPerBlock, 65535);
-  if (h.pool_k) launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, true>, blocks, kThreads, 0, stream, h, table);
-  else launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, false>, blocks, kThreads, 0, stream, h, table);
+  if (!h.pool_k) launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, void>, blocks, kThreads, 0, stream, h, table);
+  else if (h.bf16_pool)
+    launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, __nv_bfloat16>, blocks, kThreads, 0, stream, h, table);
+  else launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, float>, blocks, kThreads, 0, stream, h, table);
   QINFER_CUDA_CHECK_LAUNCH("rope_kernel<<<>>>");
 }
 
@@ -189,7 +196,7 @@ void launch_rms_norm_rope(float* x, const float* w, float eps, const int32_t* po
 bool try_launch_rms_norm_rope_store(float* q, float* k, const float* v, const float* q_w, const float* k_w, float eps,
                                     const int32_t* positions, int64_t T, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, int64_t half, const RopeTable& table, const int32_t* dst_rows,
-                                    float* pool_k, float* pool_v, cudaStream_t stream) {
+                                    const KvPoolView& pool, cudaStream_t stream) {
   if (head_dim - 2 * half > kMaxPassVecs * kWarp) return false;
   if (T == 0 || head_dim == 0) return true;
   Heads h{};
@@ -199,7 +206,7 @@ bool try_launch_rms_norm_rope_store(float* q, float* k, const float* v, const fl
   h.eps = eps;
   h.positions = positions;
   h.T = T, h.head_dim = head_dim, h.half = half;
-  h.v = v, h.dst_rows = dst_rows, h.pool_k = pool_k, h.pool_v = pool_v;
+  h.v = v, h.dst_rows = dst_rows, h.pool_k = pool.k, h.pool_v = pool.v, h.bf16_pool = pool.bf16;
   launch_normed(h, table, stream);
   return true;
 }

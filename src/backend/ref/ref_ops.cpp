@@ -19,6 +19,7 @@ namespace {
 
 constexpr int64_t kAny = -1;
 constexpr DType kF32[] = {DType::f32};
+constexpr DType kKvDTypes[] = {DType::f32, DType::bf16};
 constexpr DType kI32[] = {DType::i32};
 constexpr DType kWeight[] = {DType::f32, DType::bf16, DType::f16};
 
@@ -129,8 +130,23 @@ void check_attention_layout(std::string_view op, const AttentionLayout& layout, 
                layout.cached.size(), S);
   for (int64_t s = 0; s < S; ++s)
     QINFER_CHECK(layout.cached[s] >= 0, "ref {}: cached[{}] = {} is negative", op, s, layout.cached[s]);
-  check_tensor(op, "pool.k", pool.k, kF32, {kAny, layout.block_size, kv_heads, head_dim});
-  check_tensor(op, "pool.v", pool.v, kF32, pool.k.shape);
+  check_tensor(op, "pool.k", pool.k, kKvDTypes, {kAny, layout.block_size, kv_heads, head_dim});
+  check_tensor(op, "pool.v", pool.v, std::span<const DType>(&pool.k.dtype, 1), pool.k.shape);
+}
+
+// n elements of a KV pool (f32 or bf16) from element `first`, as f32.
+void read_kv(const Tensor& pool, int64_t first, int64_t n, float* out) {
+  convert_to_f32(pool.dtype, static_cast<const std::byte*>(pool.data) + first * (bits(pool.dtype) / 8), out,
+                 static_cast<uint64_t>(n));
+}
+
+// n values into a KV pool from element `first`, rounded to its dtype (RNE for bf16).
+void write_kv(Tensor& pool, int64_t first, int64_t n, const float* values) {
+  if (pool.dtype == DType::f32) {
+    std::copy_n(values, n, pool.ptr<float>() + first);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) pool.ptr<uint16_t>()[first + i] = f32_to_bf16(values[i]);
 }
 
 class RefOps final : public Ops {
@@ -294,8 +310,8 @@ class RefOps final : public Ops {
     for (int64_t s = 0; s < layout.seqs.num_seqs(); ++s) {
       for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
         const int64_t dst = kv_row("kv_store", layout, s, layout.cached[s] + (t - cu[s]), pool.k.dim(0));
-        std::copy_n(k.ptr<float>() + t * row, row, pool.k.ptr<float>() + dst * row);
-        std::copy_n(v.ptr<float>() + t * row, row, pool.v.ptr<float>() + dst * row);
+        write_kv(pool.k, dst * row, row, k.ptr<float>() + t * row);
+        write_kv(pool.v, dst * row, row, v.ptr<float>() + t * row);
       }
     }
   }
@@ -317,26 +333,31 @@ class RefOps final : public Ops {
                  "ref attention: {} query heads are not a multiple of {} kv heads", heads, kv_heads);
     const int64_t group = heads / kv_heads;
     const auto& cu = layout.seqs.cu_seqlens;
-    std::vector<float> scores;
+    std::vector<float> scores, keys, values;
     std::vector<double> acc(head_dim);
     for (int64_t s = 0; s < layout.seqs.num_seqs(); ++s) {
       for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
         const int64_t n_keys = layout.cached[s] + (t - cu[s]) + 1;
-        std::vector<int64_t> rows(n_keys);
-        for (int64_t p = 0; p < n_keys; ++p) rows[p] = kv_row("attention", layout, s, p, pool.k.dim(0));
+        // The sequence's keys and values [n_keys, kv_heads, head_dim] as f32.
+        keys.resize(n_keys * row), values.resize(n_keys * row);
+        for (int64_t p = 0; p < n_keys; ++p) {
+          const int64_t r = kv_row("attention", layout, s, p, pool.k.dim(0));
+          read_kv(pool.k, r * row, row, keys.data() + p * row);
+          read_kv(pool.v, r * row, row, values.data() + p * row);
+        }
         for (int64_t h = 0; h < heads; ++h) {
           const float* qh = q.ptr<float>() + (t * heads + h) * head_dim;
           const int64_t kv_offset = (h / group) * head_dim;
           scores.resize(n_keys);
           for (int64_t p = 0; p < n_keys; ++p)
-            scores[p] = static_cast<float>(scale * dot(qh, pool.k.ptr<float>() + rows[p] * row + kv_offset, head_dim));
+            scores[p] = static_cast<float>(scale * dot(qh, keys.data() + p * row + kv_offset, head_dim));
           const float max_score = *std::max_element(scores.begin(), scores.end());
           double denominator = 0.0;
           std::fill(acc.begin(), acc.end(), 0.0);
           for (int64_t p = 0; p < n_keys; ++p) {
             const float weight = std::exp(scores[p] - max_score);
             denominator += weight;
-            const float* vp = pool.v.ptr<float>() + rows[p] * row + kv_offset;
+            const float* vp = values.data() + p * row + kv_offset;
             for (int64_t i = 0; i < head_dim; ++i) acc[i] += static_cast<double>(weight) * vp[i];
           }
           float* oh = out.ptr<float>() + (t * heads + h) * head_dim;
