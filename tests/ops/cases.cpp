@@ -768,7 +768,9 @@ void add_linear_many(std::vector<Case>& cases) {
   struct Shape { int64_t T, in; std::vector<int64_t> outs; bool mixed; };
   const Shape shapes[] = {{1, 256, {96, 33, 33}, false},  {1, 4096, {4, 1}, false},    {1, 136, {7, 5, 9, 1}, false},
                           {1, 256, {64, 67}, true},       {3, 256, {96, 32, 32}, false}, {20, 128, {40, 8}, false},
-                          {1, 4104, {130, 2}, false}};
+                          {1, 4104, {130, 2}, false},
+                          // GEMMs sharing x's 16-bit conversion, one matrix quantized
+                          {33, 256, {96, 64, 40}, true}};
   for (DType dt : kWeightTypes) {
     for (const Shape& s : shapes) {
       cases.push_back({"linear_many", fmt::format("{}{} T={} in={} outs=[{}]", name(dt), s.mixed ? "+affine 4-bit" : "",

@@ -214,22 +214,28 @@ constexpr int kDecodeThreads = kDecodeWarps * kWarp;
 // keys, 388 at 16, 380 at 128).
 constexpr int kDecodeMinSplitKeys = 64;
 
-// A lane holds kVec features of each row as kPieces runs of kPiece elements (one 4- to 16-byte load
-// each); a piece of the warp spans kWarp · kPiece contiguous features. E: the pool's elements.
 // Query rows a decode tile keeps in registers.
 constexpr int decode_max_rows(int head_dim) { return head_dim <= 128 ? 8 : 4; }
 
-template <int HD, typename E = float>
+// A warp works as kSub sub-warps of kLanes lanes, each taking its own keys of a chunk (one for f32
+// pools; two for bf16 ones at up to 4 rows, whose keys are half the bytes: a dot product's butterfly
+// of shuffles, the step's limit there, then serves twice the bytes and has a step fewer). A lane
+// holds kVec features of each row as kPieces runs of kPiece elements (one 4- to 16-byte load each);
+// a piece of a sub-warp spans kLanes · kPiece contiguous features. E: the pool's elements.
+template <int HD, typename E = float, int R = 1>
 struct DecodeShape {
-  static constexpr int kVec = HD / kWarp;
-  static constexpr int kPiece = kVec >= 4 ? 4 : kVec;
+  static constexpr int kSub = sizeof(E) == 2 && R <= 4 ? 2 : 1;
+  static constexpr int kLanes = kWarp / kSub;
+  static constexpr int kVec = HD / kLanes;
+  static constexpr int kPiece = std::min(kVec, 16 / static_cast<int>(sizeof(E)));
   static constexpr int kPieces = kVec / kPiece;
-  static constexpr int kChunk = HD <= 128 ? 4 : 2;  // keys per online-softmax step
-  // 12 KiB of f32 keys and values in flight per warp (bf16: as many bytes, up to 8 stages).
-  static constexpr int kStages = std::min(8, (HD <= 64 ? 6 : 3) * 4 / static_cast<int>(sizeof(E)));
-  static constexpr int kStageElems = kChunk * 2 * HD;
+  static constexpr int kChunk = HD <= 128 ? 4 : 2;  // keys per sub-warp per online-softmax step
+  static constexpr int kWarpChunk = kSub * kChunk;  // keys per warp per step: stage rows 2j (K), 2j + 1 (V)
+  // 12 KiB of keys and values in flight per warp (8 KiB at most 8 stages).
+  static constexpr int kStages = std::min(8, (HD <= 64 ? 6 : 3) * 4 / (static_cast<int>(sizeof(E)) * kSub));
+  static constexpr int kStageElems = kWarpChunk * 2 * HD;
   static constexpr int kRingElems = kStages * kStageElems;
-  static __device__ __forceinline__ int piece_offset(int p, int lane) { return (p * kWarp + lane) * kPiece; }
+  static __device__ __forceinline__ int piece_offset(int p, int sub_lane) { return (p * kLanes + sub_lane) * kPiece; }
 };
 
 template <int P>
@@ -243,14 +249,34 @@ __device__ __forceinline__ void load_piece(const float* src, float* dst) {
   }
 }
 
-// P (2 or 4) bf16 from shared memory, widened.
+// P (2, 4 or 8) bf16 from shared memory in one load, widened.
 template <int P>
 __device__ __forceinline__ void load_piece(const __nv_bfloat16* src, float* dst) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(src);
+  uint32_t bits[P / 2];
+  if constexpr (P == 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    bits[0] = v.x, bits[1] = v.y, bits[2] = v.z, bits[3] = v.w;
+  } else if constexpr (P == 4) {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    bits[0] = v.x, bits[1] = v.y;
+  } else {
+    bits[0] = *reinterpret_cast<const uint32_t*>(src);
+  }
 #pragma unroll
   for (int i = 0; i < P / 2; ++i) {
-    const float2 v = __bfloat1622float2(pairs[i]);
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits[i]));
     dst[2 * i] = v.x, dst[2 * i + 1] = v.y;
+  }
+}
+
+// P (2, 4 or 8) floats of q from global memory.
+template <int P>
+__device__ __forceinline__ void load_q_piece(const float* src, float* dst) {
+  if constexpr (P == 8) {
+    load_piece<4>(src, dst);
+    load_piece<4>(src + 4, dst + 4);
+  } else {
+    load_piece<P>(src, dst);
   }
 }
 
@@ -286,10 +312,10 @@ __device__ __forceinline__ void cp_async_wait() {
 
 template <int HD, int R, typename E>
 constexpr size_t decode_shared_bytes() {
-  using S = DecodeShape<HD, E>;
-  // The key rings, then (reusing them) the warps' accumulators, maxima, sums and merge weights.
-  return std::max(sizeof(E) * kDecodeWarps * S::kRingElems,
-                  sizeof(float) * (kDecodeWarps * R * HD + 3 * kDecodeWarps * R + R));
+  using S = DecodeShape<HD, E, R>;
+  constexpr int kParts = kDecodeWarps * S::kSub;
+  // The key rings, then (reusing them) the sub-warps' accumulators, maxima, sums and merge weights.
+  return std::max(sizeof(E) * kDecodeWarps * S::kRingElems, sizeof(float) * (kParts * R * HD + 3 * kParts * R + R));
 }
 
 // Merges the splits of (token, head) th of a decode launch into out: lane i weighs splits i, i + 32, ...
@@ -357,10 +383,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     attention_decode_kernel(const float* __restrict__ q, const E* __restrict__ pool_k, const E* __restrict__ pool_v,
                             AttentionArrays L, int heads, int kv_heads, float scale_log2, int splits, int64_t T,
                             float* __restrict__ partial, int* __restrict__ arrivals, float* __restrict__ out) {
-  using S = DecodeShape<HD, E>;
+  using S = DecodeShape<HD, E, R>;
   constexpr int kVec = S::kVec, kPiece = S::kPiece, kPieces = S::kPieces, kChunk = S::kChunk;
-  constexpr int kStages = S::kStages;
-  constexpr int kChunksPerLookup = kWarp / kChunk;  // chunks whose pool rows one lane-wide lookup finds
+  constexpr int kStages = S::kStages, kSub = S::kSub, kLanes = S::kLanes, kWarpChunk = S::kWarpChunk;
+  constexpr int kParts = kDecodeWarps * kSub;            // sub-warps of the block, merged at the end
+  constexpr int kStorePiece = kPiece < 4 ? kPiece : 4;  // floats per store of the accumulators
+  constexpr int kChunksPerLookup = kWarp / kWarpChunk;  // chunks whose pool rows one lane-wide lookup finds
   constexpr unsigned kAll = 0xFFFFFFFFu;
   // The layout arrays come from host copies, which finish before any kernel of the chain starts,
   // and keys before `cached` from earlier steps: both are read before wait_for_previous_kernel(),
@@ -371,6 +399,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float* smem = reinterpret_cast<float*>(decode_smem);
 
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int sub = lane / kLanes, sub_lane = lane % kLanes, part = warp * kSub + sub;
   const int s = L.tiles[2 * blockIdx.x], r0 = L.tiles[2 * blockIdx.x + 1];
   const int kvh = blockIdx.y, split = blockIdx.z;
   const int group = heads / kv_heads;
@@ -388,19 +417,20 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
   for (int r = 0; r < R; ++r) limit[r] = cached + (r0 + min(r, rows - 1)) / group + 1;
 
-  // The split's chunks of kChunk keys; this warp's are c_begin + warp + i·kDecodeWarps.
+  // The split's chunks of kWarpChunk keys; this warp's are c_begin + warp + i·kDecodeWarps, and
+  // sub-warp `sub` takes keys sub·kChunk .. of each.
   const int tile_keys = limit[R - 1];
-  const int chunks = (tile_keys + kChunk - 1) / kChunk;
+  const int chunks = (tile_keys + kWarpChunk - 1) / kWarpChunk;
   const int share = (chunks + splits - 1) / splits;
   const int c_begin = split * share, c_end = min(chunks, c_begin + share);
   const int n_chunks = c_begin + warp < c_end ? (c_end - c_begin - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-  auto first_key = [&](int i) { return (c_begin + warp + i * kDecodeWarps) * kChunk; };
+  auto first_key = [&](int i) { return (c_begin + warp + i * kDecodeWarps) * kWarpChunk; };
 
-  // Lane l finds the pool row of key l % kChunk of the lookup's chunk l / kChunk; keys past the
-  // tile load its last key (in the table), and the causal mask drops them.
+  // Lane l finds the pool row of key l % kWarpChunk of the lookup's chunk l / kWarpChunk; keys past
+  // the tile load its last key (in the table), and the causal mask drops them.
   const int32_t* blocks = L.block_table + static_cast<int64_t>(s) * L.max_blocks;
   auto lookup = [&](int first_chunk) {
-    const int key = min(first_key(first_chunk + lane / kChunk) + lane % kChunk, tile_keys - 1);
+    const int key = min(first_key(first_chunk + lane / kWarpChunk) + lane % kWarpChunk, tile_keys - 1);
     return blocks[key / L.block_size] * L.block_size + key % L.block_size;
   };
   E* ring = reinterpret_cast<E*>(decode_smem) + warp * S::kRingElems;
@@ -419,7 +449,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int c = 0; c < kCopies; ++c) {
       const int e = (c * kWarp + lane) * kCopyElems;
       const int r = e / HD, d = e % HD;
-      const int row = __shfl_sync(kAll, lane_row, (i % kChunksPerLookup) * kChunk + r / 2);
+      const int row = __shfl_sync(kAll, lane_row, (i % kChunksPerLookup) * kWarpChunk + r / 2);
       const E* pool = r % 2 == 0 ? pool_k : pool_v;
       cp_async16(stage + e, pool + (static_cast<int64_t>(row) * kv_heads + kvh) * HD + d);
     }
@@ -436,7 +466,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // chunks load before the wait when every key they touch (past-the-end lanes load the tile's last
   // key) is older than this step.
   const int first_chunks = min(n_chunks, kStages - 1);
-  const bool early = first_chunks == 0 || min(first_key(first_chunks - 1) + kChunk, tile_keys) <= cached;
+  const bool early = first_chunks == 0 || min(first_key(first_chunks - 1) + kWarpChunk, tile_keys) <= cached;
   if (!early) wait_for_previous_kernel();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
@@ -449,7 +479,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int r = 0; r < R; ++r) {
     const float* src = q + q_offset(min(r, rows - 1));
 #pragma unroll
-    for (int p = 0; p < kPieces; ++p) load_piece<kPiece>(src + S::piece_offset(p, lane), qr[r] + p * kPiece);
+    for (int p = 0; p < kPieces; ++p) load_q_piece<kPiece>(src + S::piece_offset(p, sub_lane), qr[r] + p * kPiece);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) qr[r][e] *= scale_log2;
   }
@@ -459,14 +489,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();  // and every lane's copies of chunk i have landed
-    const E* stage = ring + (i % kStages) * S::kStageElems;
+    // This sub-warp's keys of the chunk: stage rows of keys sub·kChunk + n.
+    const E* stage = ring + (i % kStages) * S::kStageElems + sub * kChunk * 2 * HD;
     float score[kChunk][R];
 #pragma unroll
     for (int n = 0; n < kChunk; ++n) {
       float k[kVec];
 #pragma unroll
       for (int p = 0; p < kPieces; ++p)
-        load_piece<kPiece>(stage + 2 * n * HD + S::piece_offset(p, lane), k + p * kPiece);
+        load_piece<kPiece>(stage + 2 * n * HD + S::piece_offset(p, sub_lane), k + p * kPiece);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float dot = 0.0f;
@@ -476,14 +507,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
 #pragma unroll
-    for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    for (int offset = kLanes / 2; offset > 0; offset /= 2)  // within the sub-warp
 #pragma unroll
       for (int n = 0; n < kChunk; ++n)
 #pragma unroll
         for (int r = 0; r < R; ++r) score[n][r] += __shfl_xor_sync(kAll, score[n][r], offset);
 
     // Online softmax; the base stays 0 while a row has seen no key, so e^(−inf − base) is 0, not NaN.
-    const int key0 = first_key(i);
+    const int key0 = first_key(i) + sub * kChunk;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float chunk_max = -INFINITY;
@@ -511,7 +542,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float v[kVec];
 #pragma unroll
       for (int p = 0; p < kPieces; ++p)
-        load_piece<kPiece>(stage + (2 * n + 1) * HD + S::piece_offset(p, lane), v + p * kPiece);
+        load_piece<kPiece>(stage + (2 * n + 1) * HD + S::piece_offset(p, sub_lane), v + p * kPiece);
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -520,27 +551,30 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   cp_async_wait<0>();
 
-  // Merge the warps: weights 2^(m_w − max) (0 for a warp that saw no key of the row).
+  // Merge the sub-warps: weights 2^(m_w − max) (0 for one that saw no key of the row).
   __syncthreads();  // every warp is done with its ring
-  float* acc_s = smem;                                // [warps, R, HD]
-  float* m_s = acc_s + kDecodeWarps * R * HD;         // [warps, R]
-  float* l_s = m_s + kDecodeWarps * R;                // [warps, R]
-  float* weight_s = l_s + kDecodeWarps * R;           // [warps, R]
-  float* sum_s = weight_s + kDecodeWarps * R;         // [R]
+  float* acc_s = smem;                          // [parts, R, HD]
+  float* m_s = acc_s + kParts * R * HD;         // [parts, R]
+  float* l_s = m_s + kParts * R;                // [parts, R]
+  float* weight_s = l_s + kParts * R;           // [parts, R]
+  float* sum_s = weight_s + kParts * R;         // [R]
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    if (lane == 0) m_s[warp * R + r] = m[r], l_s[warp * R + r] = l[r];
+    if (sub_lane == 0) m_s[part * R + r] = m[r], l_s[part * R + r] = l[r];
 #pragma unroll
-    for (int p = 0; p < kPieces; ++p)
-      store_piece<kPiece>(acc_s + (warp * R + r) * HD + S::piece_offset(p, lane), acc[r] + p * kPiece);
+    for (int p = 0; p < kPieces; ++p) {
+      float* dst = acc_s + (part * R + r) * HD + S::piece_offset(p, sub_lane);
+#pragma unroll
+      for (int e = 0; e < kPiece; e += kStorePiece) store_piece<kStorePiece>(dst + e, acc[r] + p * kPiece + e);
+    }
   }
   __syncthreads();
   const int tid = threadIdx.x;
   if (tid < R) {
     float max_all = -INFINITY;
-    for (int w = 0; w < kDecodeWarps; ++w) max_all = fmaxf(max_all, m_s[w * R + tid]);
+    for (int w = 0; w < kParts; ++w) max_all = fmaxf(max_all, m_s[w * R + tid]);
     float sum = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
+    for (int w = 0; w < kParts; ++w) {
       const float weight = max_all == -INFINITY ? 0.0f : exp2f(m_s[w * R + tid] - max_all);
       weight_s[w * R + tid] = weight;
       sum += weight * l_s[w * R + tid];
@@ -552,7 +586,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   auto merged = [&](int r, int d) {
     float a = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) a = fmaf(weight_s[w * R + r], acc_s[(w * R + r) * HD + d], a);
+    for (int w = 0; w < kParts; ++w) a = fmaf(weight_s[w * R + r], acc_s[(w * R + r) * HD + d], a);
     return a;
   };
   if (splits == 1) {

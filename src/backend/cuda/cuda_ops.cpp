@@ -458,8 +458,30 @@ class CudaOps final : public Ops {
                  ws.size(), ys.size(), kMaxGemvMatrices);
     check_f32("linear_many", "x", x, 2);
     const int64_t T = x.dim(0), in = x.dim(1);
-    if (T > kGemvMaxTokens || in == 0) {  // GEMMs: nothing to share between the matrices
-      for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
+    if (T > kGemvMaxTokens || in == 0) {
+      // GEMMs on 16-bit operands share x's conversion (a launch per matrix less: q/k/v, gate/up).
+      std::vector<WeightView> views;
+      bool shared = T > 0 && in > 0 && ws.size() > 1;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        views.push_back(view("linear_many", "w", *ws[i], 2));
+        shared = shared && (views[i].quantized || views[i].dtype != DType::f32) && views[i].rows > 0;
+      }
+      if (!shared) {
+        for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
+        return;
+      }
+      for (size_t i = 0; i < ws.size(); ++i) {
+        QINFER_CHECK(views[i].in == in, "cuda linear_many: w[{}] {} does not take inputs of width {}", i,
+                     shape_str(ws[i]->shape()), in);
+        check_f32("linear_many", "y", *ys[i], 2);
+        check_shape("linear_many", "y", *ys[i], {T, views[i].rows});
+        check_distinct("linear_many", "y", *ys[i], "x", x);
+        check_gemm_shape(T, views[i].rows, in);
+      }
+      enter();
+      if (replaying()) return;
+      const GemmInput input(*this, x.ptr<float>(), T * in);
+      for (size_t i = 0; i < views.size(); ++i) gemm_bf16(input, T, views[i], ys[i]->ptr<float>());
       return;
     }
     GemvBatch batch;
@@ -1476,11 +1498,33 @@ class CudaOps final : public Ops {
   // bf16 pair hi + lo (launch.h) so that the result keeps f32-like accuracy: x·w = hi·w + lo·w for
   // bf16 weights (exact in bf16 already); for other formats the dequantized rows split too and
   // hi·hi + lo·hi + hi·lo (lo·lo is below f32 rounding). Fast precision takes hi·hi alone.
-  void gemm(const float* x, int64_t T, const WeightView& w, float* y) {
-    const int64_t out = w.rows, in = w.in;
+  static void check_gemm_shape(int64_t T, int64_t out, int64_t in) {
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
     QINFER_CHECK(T <= kIntMax && out <= kIntMax && in <= kIntMax, "cuda linear: [{}, {}] x [{}, {}] is too large for cuBLAS",
                  T, in, out, in);
+  }
+
+  // x [T, in] as the GEMMs' bf16 operand: hi, and in exact precision lo (launch.h's pair), in work
+  // memory that lives as long as this object.
+  class GemmInput {
+   public:
+    GemmInput(CudaOps& ops, const float* x, int64_t n)
+        : pairs_(ops.precision_ == Precision::exact), bytes_(static_cast<size_t>(n) * 2),
+          buffer_(ops.scratch((pairs_ ? 2 : 1) * bytes_)) {
+      launch_to_bf16_pair(x, n, hi(), lo(), ops.stream());
+    }
+    void* hi() const { return buffer_.as<char>(); }
+    void* lo() const { return pairs_ ? buffer_.as<char>() + bytes_ : nullptr; }
+
+   private:
+    bool pairs_;
+    size_t bytes_;
+    Scratch buffer_;
+  };
+
+  void gemm(const float* x, int64_t T, const WeightView& w, float* y) {
+    const int64_t out = w.rows, in = w.in;
+    check_gemm_shape(T, out, in);
     if (!w.quantized && w.dtype == DType::f32) {
       const float one = 1.0f, zero = 0.0f;
       // Column-major view: y (out × T, ld out) = W (in × out)ᵀ · x (in × T).
@@ -1490,12 +1534,15 @@ class CudaOps final : public Ops {
                    "cublasSgemm");
       return;
     }
+    gemm_bf16(GemmInput(*this, x, T * in), T, w, y);
+  }
+
+  // gemm of a 16-bit or quantized w on x already converted.
+  void gemm_bf16(const GemmInput& input, int64_t T, const WeightView& w, float* y) {
+    const int64_t out = w.rows, in = w.in;
     const bool pairs = precision_ == Precision::exact;
-    const size_t x_bytes = static_cast<size_t>(T * in) * 2;
-    Scratch x_pair = scratch((pairs ? 2 : 1) * x_bytes);
-    void* x_hi = x_pair.as<char>();
-    void* x_lo = pairs ? x_pair.as<char>() + x_bytes : nullptr;
-    launch_to_bf16_pair(x, T * in, x_hi, x_lo, stream());
+    void* x_hi = input.hi();
+    void* x_lo = input.lo();
     if (!w.quantized && w.dtype == DType::bf16) {
       bf16_gemm_->run(x_hi, T, w.data, out, in, y, out, false, stream());
       if (pairs) bf16_gemm_->run(x_lo, T, w.data, out, in, y, out, true, stream());
