@@ -43,7 +43,7 @@ double seconds_since(Clock::time_point start) {
 // sequence, the head, each attention layer's KV and each recurrent state (read + write). Over
 // `ranks` tensor-parallel ranks, what all of them read: the split tensors once, the replicated ones
 // (embeddings, head, norms, router) once per rank.
-double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t context, int ranks = 1) {
+double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t context, DType kv_dtype, int ranks = 1) {
   const io::TextConfig& c = ck.config.text;
   double expert_share = 1.0;
   if (c.num_experts > 0) {
@@ -70,7 +70,8 @@ double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t co
   }
   for (const io::LayerKind kind : c.layer_types) {
     if (kind == io::LayerKind::full_attention)
-      bytes += static_cast<double>(batch) * 2.0 * static_cast<double>(context * c.num_key_value_heads * c.head_dim * 4);
+      bytes += static_cast<double>(batch) * 2.0 *
+               static_cast<double>(context * c.num_key_value_heads * c.head_dim * (bits(kv_dtype) / 8));
     else
       bytes += static_cast<double>(batch) * 2.0 *
                static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim * 4);
@@ -173,7 +174,8 @@ DecodeResult measure_decode(models::Runner& model, const models::Checkpoint& ck,
     model.ops().sample(logits, params, history, step_index, next);
     steps.push_back(seconds_since(start));
   }
-  return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2, ranks), median(host)};
+  return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2, model.ops().kv_dtype(), ranks),
+          median(host)};
 }
 
 }  // namespace
@@ -303,6 +305,7 @@ void add_bench_command(CLI::App& app) {
                       {"device", probe.device_name},
                       {"tensor_parallel", ranks},
                       {"precision", precision},
+                      {"kv_cache", name(model.ops().kv_dtype())},
                       {"load_s", load_s},
                       {"load_gbs", loaded_bytes / load_s / 1e9},
                       {"copy_probe_gbs", probe.gbs},
@@ -330,9 +333,9 @@ void add_bench_command(CLI::App& app) {
     }
     fmt::print("model            {} ({}, {:.2f} B parameters, weights {})\n", model_name, ck.family->name,
                static_cast<double>(params) / 1e9, weights);
-    fmt::print("device           {}{}, {} precision; load {:.1f} s ({:.2f} GB/s)\n", probe.device_name,
-               ranks > 1 ? fmt::format(", tensor parallel {}", ranks) : "", precision, load_s,
-               loaded_bytes / load_s / 1e9);
+    fmt::print("device           {}{}, {} precision, {} KV cache; load {:.1f} s ({:.2f} GB/s)\n", probe.device_name,
+               ranks > 1 ? fmt::format(", tensor parallel {}", ranks) : "", precision, name(model.ops().kv_dtype()),
+               load_s, loaded_bytes / load_s / 1e9);
     fmt::print("bandwidth probe  {:.1f} GB/s ({}){}\n", probe.gbs, probe.what,
                ceiling_gbs != probe.gbs ? fmt::format("; x {} GPUs = {:.1f} GB/s", ranks, ceiling_gbs) : "");
     for (const PrefillResult& p : prefills)

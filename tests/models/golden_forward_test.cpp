@@ -90,6 +90,32 @@ TEST_P(GoldenForward, BatchOfTwoMatchesSingleRuns) {
   EXPECT_EQ(argmax(1), ref.greedy[2][1]);
 }
 
+// A bf16 KV cache (the cuda backend's fast precision): the cache holds bf16 pools, and the logits stay
+// as close to HF's as the f32 cache's tolerance allows (the rounding is 2^-9 relative per key; 2-30e-4
+// measured). qwen3_next is left out: its last token of prompt 1 routes between two experts whose
+// scores nearly tie, and the rounding flips the pick there (0.2 at that position, 3e-4 elsewhere).
+TEST_P(GoldenForward, LogitsOverABf16KvCache) {
+  if (GetParam().fixture == "qwen3_next") GTEST_SKIP() << "a near-tie in its expert routing (see above)";
+  const std::filesystem::path dir = kGolden / GetParam().fixture;
+  Checkpoint checkpoint = open_checkpoint(dir);
+  std::unique_ptr<Ops> ops = make_ops(GetParam().device);
+  ops->set_kv_dtype(DType::bf16);
+  Model model(checkpoint, *ops);
+  Reference ref = load_reference(dir);
+  const ModelCache cache = make_cache(model, 16);
+  for (int64_t l = 0; l < cache.shape().attention_layers; ++l)
+    EXPECT_EQ(const_cast<ModelCache&>(cache).kv(l).k.dtype, DType::bf16);
+  for (const char* mode_name : {"prefill", "decode"}) {
+    for (size_t k = 0; k < ref.prompts.size(); ++k) {
+      Tensor logits = prompt_logits(model, ref.prompts[k], parse_eval_mode(mode_name));
+      Comparison c = compare(logits.ptr<float>(), ref.logits[k], ref.vocab);
+      EXPECT_LE(c.relative_rms, 1e-2) << mode_name << " prompt " << k;
+      EXPECT_EQ(c.argmax_mismatches, 0) << mode_name << " prompt " << k;
+      if (k == 2) RecordProperty(std::string("bf16_kv_rel_rms_") + mode_name, fmt::format("{:.3g}", c.relative_rms));
+    }
+  }
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* f : {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_mlx",
