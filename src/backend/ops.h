@@ -196,6 +196,13 @@ class Ops {
   // Whether begin_step / end_step record and replay (a GPU with graphs on); host backends run as is.
   virtual bool records_steps() const { return false; }
 
+  // A stopwatch of the device's time on a step: begin_device_timing() before the step's first op,
+  // end_device_timing() once the host has the step's results (after sample); it returns the seconds
+  // from the step's first work on the device to its last, or none on a host backend (whose device
+  // time is the host's).
+  virtual void begin_device_timing() {}
+  virtual std::optional<double> end_device_timing() { return std::nullopt; }
+
   // Picks one token per row of logits f32 [S,V] (see backend/sampling.h for the exact semantics, which
   // every backend shares). history[s] holds row s's prompt + generated ids, for the penalties.
   virtual void sample(const Tensor& logits, const std::vector<SamplingParams>& params,

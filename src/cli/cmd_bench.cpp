@@ -129,6 +129,7 @@ struct DecodeResult {
   int64_t batch = 0;
   double step_s = 0, bytes = 0;
   double host_s = 0;  // of a step, the time until forward() returns (the host's share when it is the bottleneck)
+  std::optional<double> device_s;  // of a step, the device's time from its first work to its last (GPUs)
 };
 
 // One forward over a fresh `tokens`-token prompt; the second of two runs (the first warms up
@@ -164,18 +165,21 @@ DecodeResult measure_decode(models::Runner& model, const models::Checkpoint& ck,
   std::vector<uint64_t> step_index(static_cast<size_t>(batch), 0);
   std::vector<int32_t> next;
   model.ops().sample(logits, params, history, step_index, next);
-  std::vector<double> steps, host;
+  std::vector<double> steps, host, device;
   for (int64_t i = 0; i < gen; ++i) {
     models::Batch step;
     for (size_t s = 0; s < seqs.size(); ++s) step.sequences.push_back({{next[s]}, &seqs[s], false});
     const auto start = Clock::now();
+    model.ops().begin_device_timing();
     logits = model.forward(step, cache);
     host.push_back(seconds_since(start));
     model.ops().sample(logits, params, history, step_index, next);
+    const std::optional<double> on_device = model.ops().end_device_timing();
     steps.push_back(seconds_since(start));
+    if (on_device) device.push_back(*on_device);
   }
   return {batch, median(steps), decode_step_bytes(ck, batch, context + gen / 2, model.ops().kv_dtype(), ranks),
-          median(host)};
+          median(host), device.empty() ? std::optional<double>() : median(device)};
 }
 
 }  // namespace
@@ -323,6 +327,7 @@ void add_bench_command(CLI::App& app) {
         out["decode"].push_back({{"batch", d.batch},
                                  {"ms_per_step", d.step_s * 1e3},
                                  {"host_ms_per_step", d.host_s * 1e3},
+                                 {"device_ms_per_step", d.device_s ? io::json(*d.device_s * 1e3) : io::json()},
                                  {"tok_s", static_cast<double>(d.batch) / d.step_s},
                                  {"bytes_per_step", d.bytes},
                                  {"gbs", gbs},
@@ -342,10 +347,11 @@ void add_bench_command(CLI::App& app) {
       fmt::print("prefill          {} tokens in {:.3f} s: {:.1f} tok/s\n", p.tokens, p.seconds, p.tokens / p.seconds);
     for (const DecodeResult& d : decodes) {
       const double gbs = d.bytes / d.step_s / 1e9;
+      const std::string device = d.device_s ? fmt::format(", device {:.2f}", *d.device_s * 1e3) : "";
       fmt::print(
-          "decode batch {:<4} {:.2f} ms/step (host {:.2f}): {:.1f} tok/s; {:.1f} MB/step -> {:.1f} GB/s = {:.1f}% of the "
-          "probe\n",
-          d.batch, d.step_s * 1e3, d.host_s * 1e3, static_cast<double>(d.batch) / d.step_s, d.bytes / 1e6, gbs,
+          "decode batch {:<4} {:.2f} ms/step (host {:.2f}{}): {:.1f} tok/s; {:.1f} MB/step -> {:.1f} GB/s = {:.1f}% of "
+          "the probe\n",
+          d.batch, d.step_s * 1e3, d.host_s * 1e3, device, static_cast<double>(d.batch) / d.step_s, d.bytes / 1e6, gbs,
           100.0 * gbs / ceiling_gbs);
     }
     fmt::print("(decode: median over {} steps after a {}-token prompt per sequence; {})\n", o->gen, o->context,

@@ -304,6 +304,7 @@ void Engine::Impl::step() {
     return;
   }
   totals.forward_seconds_total += since(forward_start);
+  totals.device_seconds_total += result.device_seconds.value_or(0.0);
   const auto post_start = Clock::now();
   Output out;
   out.tokens = scheduler.postprocess(plan, result.ids);

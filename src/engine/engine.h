@@ -81,9 +81,11 @@ struct EngineStats {
   int64_t prompt_tokens_total = 0, completion_tokens_total = 0;
   int64_t preemptions_total = 0;
   // Model steps, and where their time went: the model thread's own work (scheduling, building the
-  // batch, postprocessing) and the forward with sampling (the device's time, as the host waits for it).
+  // batch, postprocessing), the forward with sampling (as the host waits for it), and of that the
+  // device's share from each step's first work on the device to its last (device backends only; the
+  // rest of a forward is the host staging the step while the device idles).
   int64_t steps_total = 0, decode_steps_total = 0;
-  double host_seconds_total = 0, forward_seconds_total = 0;
+  double host_seconds_total = 0, forward_seconds_total = 0, device_seconds_total = 0;
   double recording_seconds = 0;  // the decode steps recorded at start-up
 };
 

@@ -101,6 +101,13 @@ double ModelRunner::record_decode_steps() {
 }
 
 ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
+  model_.ops().begin_device_timing();
+  Result result = run_step(plan, logprobs);
+  result.device_seconds = model_.ops().end_device_timing();
+  return result;
+}
+
+ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs) {
   for (const auto& [from, to] : plan.copy_slots) cache_.copy_slot(from, to);
   // After the copies: a slot freed by a fork's parent may be handed out again in the same plan.
   for (const int32_t slot : plan.zero_slots) cache_.zero_slot(slot);

@@ -3,6 +3,7 @@
 // each sequence's cache view), pads decode steps to a fixed ladder of batch sizes whose recordings
 // (CUDA graphs) are made once at start-up, and samples each sampling chunk's row on the device.
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "cache/cache.h"
@@ -50,13 +51,15 @@ class ModelRunner {
   struct Result {
     std::vector<int32_t> ids;  // one per sampling chunk, in plan order
     Tensor logits;             // with `logprobs`: host f32 [sampling chunks, text vocab], raw (for logprobs)
+    std::optional<double> device_seconds;  // the step's time on the device (Ops::end_device_timing)
   };
   // Applies the plan's slot work, runs its forward and samples each sampling chunk's row (its seeded
   // draw at step = tokens generated so far).
   Result run(const StepPlan& plan, bool logprobs);
 
-
  private:
+  Result run_step(const StepPlan& plan, bool logprobs);
+
   models::Runner& model_;
   RunnerOptions options_;
   ModelCache cache_;

@@ -81,8 +81,11 @@ std::string Metrics::render(const engine::EngineStats& s) const {
         static_cast<double>(s.decode_steps_total));
   gauge(out, "qinfer_engine_host_seconds_total", "counter",
         "Model-thread time spent scheduling, building batches and postprocessing.", s.host_seconds_total);
-  gauge(out, "qinfer_engine_forward_seconds_total", "counter", "Time in forwards and sampling (the device's work).",
+  gauge(out, "qinfer_engine_forward_seconds_total", "counter", "Time in forwards and sampling, as the model thread waits for them.",
         s.forward_seconds_total);
+  gauge(out, "qinfer_engine_device_seconds_total", "counter",
+        "Of the forwards, the device's time from each step's first work to its last (GPU backends).",
+        s.device_seconds_total);
   gauge(out, "qinfer_engine_recording_seconds", "gauge", "Time spent recording decode steps at start-up.",
         s.recording_seconds);
   std::lock_guard lock(mutex_);

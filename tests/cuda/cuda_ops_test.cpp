@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "cache/cache.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "quant/quant.h"
 
 namespace qinfer::cuda {
@@ -611,6 +613,27 @@ TEST(CudaOps, DeltaRuleKernelsAgreeOnLongSequences) {
     EXPECT_LE(rel_rms(to_host(out), want), 1e-5) << static_cast<int>(algorithm);
     EXPECT_LE(rel_rms(to_host(state), want_state), 1e-5) << static_cast<int>(algorithm);
   }
+}
+
+// The device stopwatch: zero when the step ran nothing on the device, positive and below the host's
+// wall time around a step that did, armed afresh by every begin.
+TEST(CudaOps, DeviceTimingSpansTheStepsWorkOnly) {
+  auto ops = make_cuda_ops(0, Precision::exact);
+  ops->begin_device_timing();
+  EXPECT_EQ(ops->end_device_timing(), 0.0);
+  Tensor x = ops->alloc(DType::f32, {4096, 4096});
+  Tensor w = ops->alloc(DType::f32, {4096, 4096});
+  Tensor y = ops->alloc(DType::f32, {4096, 4096});
+  const auto start = std::chrono::steady_clock::now();
+  ops->begin_device_timing();
+  ops->linear(x, w, y);
+  (void)to_host(*ops, y.rows(0, 1));
+  const std::optional<double> device = ops->end_device_timing();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(device.has_value());
+  EXPECT_GT(*device, 0.0);
+  EXPECT_LE(*device, wall);
+  EXPECT_EQ(make_cpu_ops(global_thread_pool())->end_device_timing(), std::nullopt);
 }
 
 // The caches live on the device: a zeroed slot holds zeros, and a snapshot taken there restores the

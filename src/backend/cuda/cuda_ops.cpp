@@ -277,6 +277,8 @@ class CudaOps final : public Ops {
     if (staging_device_) cudaFree(staging_device_);
     if (arrivals_) cudaFree(arrivals_);
     if (replay_done_) cudaEventDestroy(replay_done_);
+    for (cudaEvent_t e : timing_events_)
+      if (e) cudaEventDestroy(e);
     for (int i = 0; i < 2; ++i) {
       if (upload_buffers_[i]) cudaFreeHost(upload_buffers_[i]);
       if (upload_done_[i]) cudaEventDestroy(upload_done_[i]);
@@ -289,7 +291,7 @@ class CudaOps final : public Ops {
 
   std::string_view name() const override { return "cuda"; }
   std::optional<uint64_t> free_memory() const override {
-    enter();
+    select_device();
     size_t free = 0, total = 0;
     QINFER_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free;
@@ -1060,7 +1062,7 @@ class CudaOps final : public Ops {
   void begin_step(const std::string& key) override {
     QINFER_CHECK(mode_ == Mode::eager, "cuda: step '{}' begins inside step '{}'", key, step_key_);
     if (!graphs_enabled_) return;
-    enter();
+    select_device();  // a replayed step's device time starts at its launch, not here
     step_key_ = key;
     if (!recordings_.count(key) && recordings_.size() >= kMaxRecordings) {
       // Keys of caches that are gone never come back: drop the least recently used recording.
@@ -1141,6 +1143,7 @@ class CudaOps final : public Ops {
   // through the model ends: the rest of the walk, which launches nothing, overlaps the GPU's work.
   // (The rest cannot stage or fail differently from the recording: same key, same shapes.)
   void launch_recording() {
+    start_device_timing();
     QINFER_CUDA_CHECK(cudaGraphLaunch(recording_->exec, stream()));
     QINFER_CUDA_CHECK(cudaEventRecord(replay_done_, stream()));
     replay_launched_ = true;
@@ -1158,6 +1161,29 @@ class CudaOps final : public Ops {
   }
 
   bool records_steps() const override { return graphs_enabled_; }
+
+  // The stopwatch starts at the step's first launch: the first op entered outside a replay, or the
+  // replay's graph launch (its ops launch nothing; the host's walk before it is not device time).
+  void begin_device_timing() override {
+    select_device();
+    if (!timing_events_[0]) {
+      for (cudaEvent_t& e : timing_events_) QINFER_CUDA_CHECK(cudaEventCreate(&e));
+    }
+    timing_ = Timing::armed;
+  }
+  std::optional<double> end_device_timing() override {
+    if (timing_ != Timing::running) {
+      timing_ = Timing::off;
+      return 0.0;  // nothing ran on the device
+    }
+    timing_ = Timing::off;
+    select_device();
+    QINFER_CUDA_CHECK(cudaEventRecord(timing_events_[1], stream()));
+    QINFER_CUDA_CHECK(cudaEventSynchronize(timing_events_[1]));
+    float ms = 0.0f;
+    QINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_events_[0], timing_events_[1]));
+    return static_cast<double>(ms) / 1e3;
+  }
 
   // In a replayed step, which launches nothing: its graph holds the work.
   bool replaying() const { return mode_ == Mode::replaying; }
@@ -1276,10 +1302,20 @@ class CudaOps final : public Ops {
   // Every op runs with this Ops' device current (the caller's thread may have another one).
   // cudaGetDevice reads the thread's current device; cudaSetDevice costs a driver call even when
   // nothing changes, and a replayed decode step enters for every op and allocation.
-  void enter() const {
+  void select_device() const {
     int current = -1;
     if (cudaGetDevice(&current) != cudaSuccess || current != stream_->device)
       QINFER_CUDA_CHECK(cudaSetDevice(stream_->device));
+  }
+  void enter() {
+    select_device();
+    if (mode_ == Mode::eager) start_device_timing();  // a recorded step's starts at its launch
+  }
+
+  void start_device_timing() {
+    if (timing_ != Timing::armed) return;
+    QINFER_CUDA_CHECK(cudaEventRecord(timing_events_[0], stream()));
+    timing_ = Timing::running;
   }
 
   enum class Mode { eager, capturing, replaying };
@@ -1673,6 +1709,10 @@ class CudaOps final : public Ops {
   static constexpr int64_t kArrivals = int64_t{1} << 16;
   int* arrivals_ = nullptr;
   cudaEvent_t replay_done_ = nullptr;
+  // begin_device_timing / end_device_timing: the step's first and last marks on the stream.
+  enum class Timing { off, armed, running };
+  Timing timing_ = Timing::off;
+  cudaEvent_t timing_events_[2] = {nullptr, nullptr};
   std::vector<int32_t> blob_, tiles_, recurrent_seqs_, chunked_seqs_;
 };
 
