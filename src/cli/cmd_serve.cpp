@@ -51,6 +51,9 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-waiting", o->engine.max_waiting, "queued requests before 429 (default 256)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("!--no-prefix-caching", o->engine.prefix_caching,
+                "compute every prompt whole instead of reusing the KV blocks of earlier requests' shared prefixes "
+                "(models with Gated DeltaNet layers never reuse them yet)");
   cmd->add_option("--kv-blocks", o->engine.kv_blocks, "KV-cache blocks (default: max-running x max-context)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--max-context", o->engine.max_context,

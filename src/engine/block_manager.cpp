@@ -6,12 +6,16 @@
 
 namespace qinfer::engine {
 
-BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots)
-    : block_size_(block_size), num_slots_(num_slots) {
+BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching)
+    : block_size_(block_size), num_slots_(num_slots), prefix_caching_(prefix_caching && num_slots == 0) {
   QINFER_CHECK(num_blocks > 0 && block_size > 0 && num_slots >= 0,
                "block manager: {} blocks of {} tokens and {} slots (blocks and block size must be positive)",
                num_blocks, block_size, num_slots);
   refcount_.assign(static_cast<size_t>(num_blocks), 0);
+  parent_.assign(static_cast<size_t>(num_blocks), kNotCached);
+  children_.assign(static_cast<size_t>(num_blocks), 0);
+  run_.resize(static_cast<size_t>(num_blocks));
+  last_used_.assign(static_cast<size_t>(num_blocks), 0);
   // Popped from the back: low ids first.
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
   for (int64_t s = num_slots - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
@@ -21,13 +25,53 @@ int64_t BlockManager::blocks_needed(const SequenceCache& cache, int64_t tokens) 
   return std::max<int64_t>(0, blocks_for(tokens) - static_cast<int64_t>(cache.blocks.size()));
 }
 
+int32_t BlockManager::take_block() {
+  if (!free_blocks_.empty()) {
+    const int32_t b = free_blocks_.back();
+    free_blocks_.pop_back();
+    return b;
+  }
+  // The least recently used cached leaf no sequence holds (free_blocks() counted it).
+  QINFER_CHECK(!evictable_.empty(), "block manager: no free block (the free count was wrong)");
+  const int32_t b = evictable_.begin()->second;
+  unlink(b);
+  --idle_cached_;
+  ++evictions_;
+  return b;
+}
+
+// Takes an unheld cached leaf out of the tree; its parent may become an evictable leaf.
+void BlockManager::unlink(int32_t block) {
+  const size_t i = static_cast<size_t>(block);
+  evictable_.erase({last_used_[i], block});
+  const uint64_t key = run_hash(parent_[i], run_[i].data());
+  for (auto [it, end] = nodes_.equal_range(key); it != end; ++it) {
+    if (it->second == block) {
+      nodes_.erase(it);
+      break;
+    }
+  }
+  const int32_t parent = parent_[i];
+  parent_[i] = kNotCached;
+  run_[i].clear();
+  --cached_;
+  if (parent == kRoot) return;
+  const size_t p = static_cast<size_t>(parent);
+  if (--children_[p] == 0 && refcount_[p] == 0) evictable_.insert({last_used_[p], parent});
+}
+
+// A cached block no sequence holds any more: evictable once it is a leaf.
+void BlockManager::make_idle(int32_t block) {
+  ++idle_cached_;
+  if (children_[static_cast<size_t>(block)] == 0) evictable_.insert({last_used_[static_cast<size_t>(block)], block});
+}
+
 bool BlockManager::hold(SequenceCache& cache, int64_t tokens) {
   QINFER_CHECK(can_hold(cache, tokens),
                "KV cache exhausted: {} more blocks of {} tokens wanted, {} of {} free ({} of {} state slots free)",
                blocks_needed(cache, tokens), block_size_, free_blocks(), total_blocks(), free_slots(), num_slots_);
   for (int64_t n = blocks_needed(cache, tokens); n > 0; --n) {
-    const int32_t b = free_blocks_.back();
-    free_blocks_.pop_back();
+    const int32_t b = take_block();
     refcount_[static_cast<size_t>(b)] = 1;
     cache.blocks.push_back(b);
   }
@@ -41,7 +85,9 @@ void BlockManager::release(SequenceCache& cache) {
   for (int32_t b : cache.blocks) {
     QINFER_CHECK(b >= 0 && b < total_blocks() && refcount_[static_cast<size_t>(b)] > 0,
                  "block manager: release of block {} that is not held", b);
-    if (--refcount_[static_cast<size_t>(b)] == 0) free_blocks_.push_back(b);
+    if (--refcount_[static_cast<size_t>(b)] > 0) continue;
+    if (in_cache(b)) make_idle(b);
+    else free_blocks_.push_back(b);
   }
   if (cache.slot >= 0) free_slots_.push_back(cache.slot);
   cache = SequenceCache{};
@@ -61,6 +107,69 @@ SequenceCache BlockManager::fork(const SequenceCache& parent, int32_t shared) {
     free_slots_.pop_back();
   }
   return branch;
+}
+
+uint64_t BlockManager::run_hash(int32_t parent, const int32_t* run) const {
+  // FNV-1a over the parent's id and the run; equal keys are told apart by comparing the runs.
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&](uint32_t v) {
+    for (int k = 0; k < 4; ++k) h = (h ^ ((v >> (8 * k)) & 0xFFu)) * 1099511628211ull;
+  };
+  mix(static_cast<uint32_t>(parent));
+  for (int32_t i = 0; i < block_size_; ++i) mix(static_cast<uint32_t>(run[i]));
+  return h;
+}
+
+int32_t BlockManager::find_child(int32_t parent, const int32_t* run) const {
+  for (auto [it, end] = nodes_.equal_range(run_hash(parent, run)); it != end; ++it) {
+    const size_t b = static_cast<size_t>(it->second);
+    if (parent_[b] == parent && std::equal(run_[b].begin(), run_[b].end(), run)) return it->second;
+  }
+  return kNotCached;
+}
+
+std::vector<int32_t> BlockManager::match(const std::vector<int32_t>& tokens, int64_t max_blocks) {
+  std::vector<int32_t> blocks;
+  if (!prefix_caching_) return blocks;
+  const int64_t whole = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / block_size_);
+  int32_t parent = kRoot;
+  for (int64_t i = 0; i < whole; ++i) {
+    const int32_t b = find_child(parent, tokens.data() + i * block_size_);
+    if (b == kNotCached) break;
+    const size_t j = static_cast<size_t>(b);
+    if (refcount_[j]++ == 0) {
+      --idle_cached_;
+      evictable_.erase({last_used_[j], b});
+    }
+    last_used_[j] = ++clock_;
+    blocks.push_back(b);
+    parent = b;
+  }
+  return blocks;
+}
+
+void BlockManager::publish(const SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token) {
+  if (!prefix_caching_) return;
+  const int64_t whole = std::min<int64_t>(cache.cached / block_size_, static_cast<int64_t>(cache.blocks.size()));
+  for (int64_t i = from_token / block_size_; i < whole; ++i) {
+    const int32_t b = cache.blocks[static_cast<size_t>(i)];
+    const size_t j = static_cast<size_t>(b);
+    const int32_t parent = i == 0 ? kRoot : cache.blocks[static_cast<size_t>(i - 1)];
+    if (in_cache(b)) {
+      last_used_[j] = ++clock_;
+      continue;
+    }
+    // The path to here must be cached, and not spelled already by another block.
+    if (parent != kRoot && !in_cache(parent)) return;
+    const int32_t* run = tokens.data() + i * block_size_;
+    if (find_child(parent, run) != kNotCached) return;
+    parent_[j] = parent;
+    run_[j].assign(run, run + block_size_);
+    last_used_[j] = ++clock_;
+    nodes_.emplace(run_hash(parent, run), b);
+    if (parent != kRoot) ++children_[static_cast<size_t>(parent)];
+    ++cached_;
+  }
 }
 
 }  // namespace qinfer::engine

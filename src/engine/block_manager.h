@@ -3,7 +3,17 @@
 // pools (the engine's model runner owns the memory): allocation, reference counts so that choices of
 // one request share their prompt's whole blocks, and release. No device work happens here: a fresh
 // slot's zeroing and a fork's state copy are the caller's to schedule.
+//
+// The prefix cache: whole blocks of computed tokens stay behind when their sequences let go, as nodes
+// of a tree whose edges are block-sized runs of token ids (a node's key is its run and its parent's
+// node, so a path from the root spells a prefix). A new sequence takes the longest cached path its
+// tokens spell, sharing those blocks by reference count. Unreferenced cached blocks count as free;
+// when the free list runs dry the least recently used leaf is evicted. Models with recurrent state
+// keep no prefix cache (a cached block would need the state at its end as well).
 #include <cstdint>
+#include <set>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cache/cache.h"
@@ -12,13 +22,15 @@ namespace qinfer::engine {
 
 class BlockManager {
  public:
-  // `num_slots` 0: the model keeps no recurrent state, and sequences get no slot.
-  BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots);
+  // `num_slots` 0: the model keeps no recurrent state, and sequences get no slot. `prefix_caching`:
+  // keep computed blocks for later sequences (models without recurrent state only).
+  BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching = false);
 
   int32_t block_size() const { return block_size_; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
   int64_t total_blocks() const { return static_cast<int64_t>(refcount_.size()); }
-  int64_t free_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
+  // Free: never used or released, and cached blocks no sequence holds (evicted when taken).
+  int64_t free_blocks() const { return static_cast<int64_t>(free_blocks_.size()) + idle_cached_; }
   int64_t used_blocks() const { return total_blocks() - free_blocks(); }
   int64_t total_slots() const { return num_slots_; }
   int64_t free_slots() const { return static_cast<int64_t>(free_slots_.size()); }
@@ -41,10 +53,39 @@ class BlockManager {
   // multiple of the block size: a partial block would be written by both.
   SequenceCache fork(const SequenceCache& parent, int32_t shared);
 
+  bool prefix_caching() const { return prefix_caching_; }
+  // The blocks of the longest cached path that `tokens` spell, at most `max_blocks` of them, each
+  // with a reference taken (empty without a prefix cache).
+  std::vector<int32_t> match(const std::vector<int32_t>& tokens, int64_t max_blocks);
+  // Adds the whole blocks of `cache` among its first cache.cached tokens, from block `from_token` /
+  // block size on, to the prefix cache (`tokens`: the sequence's ids). A block whose run is cached
+  // already under the same path by another block stays the sequence's own, and so do the ones after it.
+  void publish(const SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token);
+  int64_t cached_blocks() const { return cached_; }  // in the prefix cache, held or not
+  int64_t evictions() const { return evictions_; }
+
  private:
+  int32_t take_block();
+  void unlink(int32_t block);
+  void make_idle(int32_t block);
+  bool in_cache(int32_t block) const { return parent_[static_cast<size_t>(block)] != kNotCached; }
+  uint64_t run_hash(int32_t parent, const int32_t* run) const;
+  int32_t find_child(int32_t parent, const int32_t* run) const;
+
+  static constexpr int32_t kNotCached = -2, kRoot = -1;
   int32_t block_size_;
   int64_t num_slots_;
+  bool prefix_caching_;
   std::vector<int32_t> refcount_, free_blocks_, free_slots_;
+  // The prefix cache, per block: its parent node (kRoot, or kNotCached), its run of ids, how many
+  // cached children it has, when it was last matched or published.
+  std::vector<int32_t> parent_, children_;
+  std::vector<std::vector<int32_t>> run_;
+  std::vector<uint64_t> last_used_;
+  std::unordered_multimap<uint64_t, int32_t> nodes_;  // run_hash(parent, run) -> block
+  std::set<std::pair<uint64_t, int32_t>> evictable_;  // (last used, block): unheld cached leaves
+  int64_t idle_cached_ = 0, cached_ = 0, evictions_ = 0;
+  uint64_t clock_ = 0;
 };
 
 }  // namespace qinfer::engine

@@ -137,7 +137,7 @@ struct Engine::Impl {
         tokenizer(tokenizer),
         options(options),
         blocks(options.kv_blocks, options.block_size,
-               model.cache_shape().linear_layers > 0 ? options.max_running : 0),
+               model.cache_shape().linear_layers > 0 ? options.max_running : 0, options.prefix_caching),
         scheduler({options.max_running, options.step_token_budget}, blocks),
         runner(model, {options.kv_blocks, options.block_size, blocks.total_slots(), options.max_running,
                        options.max_context, tokenizer.vocab_size()}) {}
@@ -349,6 +349,9 @@ void Engine::Impl::publish() {
   s.preemptions_total = c.preemptions;
   s.kv_blocks_total = blocks.total_blocks();
   s.kv_blocks_used = blocks.used_blocks();
+  s.kv_blocks_cached = blocks.cached_blocks();
+  s.prefix_reused_tokens_total = c.reused_tokens;
+  s.prefix_evictions_total = blocks.evictions();
   s.state_slots_total = blocks.total_slots();
   s.state_slots_used = blocks.used_slots();
   std::lock_guard lock(mu);

@@ -34,6 +34,9 @@ struct EngineOptions {
   int32_t max_waiting = 256;     // queued requests beyond which submit() refuses (HTTP 429)
   int32_t step_token_budget = 2048;  // tokens one forward may carry (decodes first, then prefill chunks)
   int64_t max_context = 0;       // prompt + completion limit per sequence (0: the model's max positions)
+  // Keep computed blocks for later requests that share their prefix (BlockManager; models without
+  // recurrent state: the others compute every prompt whole).
+  bool prefix_caching = true;
 };
 
 // KV blocks that fit `free_bytes` × o.memory_fraction after the recurrent states of o.max_running
@@ -77,6 +80,8 @@ using EventSink = std::function<void(const Event&)>;
 struct EngineStats {
   int64_t running = 0, waiting = 0;  // sequences (one per choice; a preempted one waits again)
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t kv_blocks_cached = 0;  // in the prefix cache, held or not (unheld ones count as free)
+  int64_t prefix_reused_tokens_total = 0, prefix_evictions_total = 0;
   int64_t state_slots_total = 0, state_slots_used = 0;
   int64_t prompt_tokens_total = 0, completion_tokens_total = 0;
   int64_t preemptions_total = 0;

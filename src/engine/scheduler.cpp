@@ -68,10 +68,21 @@ void Scheduler::admit() {
     places += 1 + s.forks;
     promised += blocks;
     s.status = Sequence::Status::running;
+    if (s.cache.blocks.empty()) reuse_prefix(s);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    if (running_.back()->forks > 0 && running_.back()->fork_at == 0) fork(*running_.back(), nullptr);
+    Sequence& admitted = *running_.back();
+    if (admitted.forks > 0 && admitted.fork_at == admitted.cache.cached) fork(admitted, nullptr);
   }
+}
+
+void Scheduler::reuse_prefix(Sequence& s) {
+  // Whole cached blocks, leaving at least the last token to compute (its logits are the next pick).
+  const int64_t most = (static_cast<int64_t>(s.tokens.size()) - 1) / blocks_.block_size();
+  s.cache.blocks = blocks_.match(s.tokens, most);
+  s.cache.cached = static_cast<int32_t>(s.cache.blocks.size()) * blocks_.block_size();
+  s.cached_prompt_tokens = std::max(s.cached_prompt_tokens, std::min(s.cache.cached, s.prompt_tokens));
+  reused_tokens_ += s.cache.cached;
 }
 
 StepPlan Scheduler::schedule() {
@@ -168,7 +179,9 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
   int32_t row = 0;
   for (const StepPlan::Chunk& chunk : plan.chunks) {
     Sequence& s = *chunk.sequence;
+    const int32_t before = s.cache.cached;
     s.cache.cached += chunk.tokens;
+    if (s.cache.cached / blocks_.block_size() > before / blocks_.block_size()) blocks_.publish(s.cache, s.tokens, before);
     if (s.forks > 0 && s.cache.cached == s.fork_at) fork(s, &pending_);
     if (!chunk.samples) continue;
     const int32_t token = sampled[static_cast<size_t>(row)];
@@ -229,7 +242,7 @@ std::vector<uint64_t> Scheduler::requests() const {
 }
 
 SchedulerCounts Scheduler::counts() const {
-  return {static_cast<int64_t>(running_.size()), static_cast<int64_t>(waiting_.size()), preemptions_};
+  return {static_cast<int64_t>(running_.size()), static_cast<int64_t>(waiting_.size()), preemptions_, reused_tokens_};
 }
 
 }  // namespace qinfer::engine

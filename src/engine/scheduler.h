@@ -15,6 +15,9 @@
 // - n > 1: choice 0 prefills the prompt up to its last whole block before the last prompt token;
 //   choices 1..n-1 then share those blocks (reference counts) and a copy of the recurrent state, and
 //   each prefills the short tail itself into a block of its own.
+// - With a prefix cache (BlockManager), an admitted sequence (a preempted one too) starts from the
+//   longest cached path of whole blocks its tokens spell, short of its last token; every block a
+//   step fills is published to the cache.
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -65,6 +68,7 @@ struct SampledToken {
 struct SchedulerCounts {
   int64_t running = 0, waiting = 0;  // sequences
   int64_t preemptions = 0;
+  int64_t reused_tokens = 0;  // tokens admitted sequences took from the prefix cache instead of computing
 };
 
 class Scheduler {
@@ -92,6 +96,7 @@ class Scheduler {
 
  private:
   void admit();
+  void reuse_prefix(Sequence& s);
   bool make_room(Sequence& s);
   void preempt(Sequence& s);
   void fork(Sequence& parent, StepPlan* next);
@@ -104,7 +109,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: the last is the youngest
   StepPlan pending_;                                // slot work owed to the next plan
-  int64_t preemptions_ = 0;
+  int64_t preemptions_ = 0, reused_tokens_ = 0;
 };
 
 }  // namespace qinfer::engine

@@ -64,6 +64,14 @@ std::string Metrics::render(const engine::EngineStats& s) const {
   gauge(out, "qinfer_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", static_cast<double>(s.kv_blocks_total));
   gauge(out, "qinfer_kv_blocks_used", "gauge", "KV-cache blocks held by sequences.",
         static_cast<double>(s.kv_blocks_used));
+  gauge(out, "qinfer_kv_blocks_cached", "gauge",
+        "KV-cache blocks kept in the prefix cache (those no sequence holds are free, evicted when needed).",
+        static_cast<double>(s.kv_blocks_cached));
+  gauge(out, "qinfer_prefix_cache_reused_tokens_total", "counter",
+        "Prompt tokens taken from the prefix cache instead of computed.",
+        static_cast<double>(s.prefix_reused_tokens_total));
+  gauge(out, "qinfer_prefix_cache_evictions_total", "counter", "Cached KV blocks evicted to make room.",
+        static_cast<double>(s.prefix_evictions_total));
   gauge(out, "qinfer_kv_cache_usage_ratio", "gauge", "Fraction of KV-cache blocks in use.",
         s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0);
   gauge(out, "qinfer_state_slots_total", "gauge", "Recurrent-state slots.", static_cast<double>(s.state_slots_total));

@@ -208,6 +208,41 @@ TEST_P(EngineFixture, SharedPrefixSurvivesPreemption) {
   expect_all_free(s);
 }
 
+// The prefix cache: a request that shares whole blocks with an earlier one (its prompt, or a prompt
+// and part of what it generated) starts from them, reports them as cached and gives the tokens of a
+// cold run; finished requests leave their blocks cached but free. qwen3_5 keeps recurrent state, so it
+// computes every prompt whole (no checkpoints of that state yet); so does an engine with the cache off.
+TEST_P(EngineFixture, PrefixCacheReusesWholeSharedBlocks) {
+  models::Model& m = model();
+  const std::vector<int32_t> a = make_prompt(30, 500);
+  std::vector<int32_t> b = a, c(a.begin(), a.begin() + 17);
+  for (int32_t t : make_prompt(9, 600)) b.push_back(t);
+  for (int32_t t : make_prompt(6, 700)) c.push_back(t);
+  const std::vector<RequestParams> requests = {greedy(a, 8), greedy(b, 8), greedy(c, 8), greedy(b, 8)};
+  std::vector<testing::Single> alone;
+  for (const auto& r : requests) alone.push_back(run_alone(m, r));
+  for (const bool caching : {true, false}) {
+    Engine s(m, test_tokenizer(), {.block_size = 4, .max_running = 4, .max_context = 128, .prefix_caching = caching});
+    Recorder rec(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {  // one after another: each finds the last ones' blocks
+      ASSERT_TRUE(s.submit(requests[i], rec.sink(i)));
+      ASSERT_TRUE(rec.wait());
+    }
+    const bool reuses = caching && !recurrent();
+    // b: a's 7 whole prompt blocks (its 8th mixes a's prompt with what a generated); c: the 4 whole
+    // blocks of its 17 tokens of a; b again: all but its last token's block (9 of 39 tokens' 10).
+    const std::vector<int32_t> cached = {0, 28, 16, 36};
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(rec[i].tokens[0], alone[i].tokens) << "request " << i << (caching ? "" : " (cache off)");
+      EXPECT_EQ(rec[i].finished[0].cached_prompt_tokens, reuses ? cached[i] : 0) << "request " << i;
+    }
+    const EngineStats st = s.stats();
+    EXPECT_EQ(st.prefix_reused_tokens_total, reuses ? 28 + 16 + 36 : 0);
+    EXPECT_EQ(st.kv_blocks_cached > 0, reuses);
+    expect_all_free(s);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, EngineFixture, ::testing::Values("qwen3", "qwen3_5"));
 
 // Seeded sampling (temperature 0.8, top_p 0.9, with and without penalties, top_k, min_p) gives the same

@@ -61,6 +61,83 @@ TEST(BlockManager, ExhaustionTakesNothingAndSaysWhy) {
   EXPECT_THROW(BlockManager(0, 4, 1), Error);
 }
 
+// The prefix cache: released whole blocks stay cached and count as free; a later sequence that spells
+// the same path takes them (a reference each); a different run ends the match; when the free list
+// runs dry the least recently used leaf goes first, so a path never loses its middle.
+TEST(BlockManager, PrefixCacheMatchesWholeBlocksAndEvictsLeastRecentlyUsedLeaves) {
+  BlockManager m(6, 4, 0, true);
+  const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  SequenceCache a;
+  m.hold(a, 10);
+  a.cached = 10;
+  m.publish(a, t, 0);
+  EXPECT_EQ(m.cached_blocks(), 2) << "the two whole blocks";
+  const std::vector<int32_t> a_blocks = a.blocks;
+  m.release(a);
+  EXPECT_EQ(m.free_blocks(), 6) << "cached and unheld: free";
+  EXPECT_EQ(m.used_blocks(), 0);
+  EXPECT_EQ(m.cached_blocks(), 2);
+
+  EXPECT_THAT(m.match(t, 2), ElementsAre(a_blocks[0], a_blocks[1]));
+  EXPECT_EQ(m.refcount(a_blocks[0]), 1);
+  EXPECT_EQ(m.free_blocks(), 4);
+  EXPECT_THAT(m.match(t, 1), ElementsAre(a_blocks[0])) << "at most max_blocks";
+  EXPECT_EQ(m.refcount(a_blocks[0]), 2);
+  SequenceCache held{{a_blocks[0], a_blocks[0], a_blocks[1]}, 8, -1};
+  m.release(held);
+  const std::vector<int32_t> other = {1, 2, 3, 4, 9, 9, 9, 9};
+  EXPECT_THAT(m.match(other, 2), ElementsAre(a_blocks[0])) << "the second run differs";
+  SequenceCache b{{a_blocks[0]}, 4, -1};
+  m.release(b);
+  EXPECT_TRUE(m.match({5, 6, 7, 8}, 1).empty()) << "a run is found only under its own path";
+
+  // Four fresh blocks exhaust the free list; the fifth and sixth evict the leaf, then its parent.
+  SequenceCache c;
+  m.hold(c, 16);
+  EXPECT_EQ(m.evictions(), 0);
+  EXPECT_EQ(m.free_blocks(), 2);
+  m.hold(c, 20);
+  EXPECT_EQ(m.evictions(), 1);
+  EXPECT_EQ(c.blocks.back(), a_blocks[1]) << "the leaf goes first";
+  EXPECT_THAT(m.match(t, 2), ElementsAre(a_blocks[0])) << "its parent is still cached";
+  SequenceCache d{{a_blocks[0]}, 4, -1};
+  m.release(d);
+  m.hold(c, 24);
+  EXPECT_EQ(c.blocks.back(), a_blocks[0]);
+  EXPECT_EQ(m.cached_blocks(), 0);
+  EXPECT_EQ(m.free_blocks(), 0);
+  m.release(c);
+  EXPECT_EQ(m.free_blocks(), 6);
+}
+
+// A block already cached under the same path by another block is not cached twice; a model with
+// recurrent state keeps no prefix cache at all.
+TEST(BlockManager, PrefixCacheKeepsOneBlockPerPathAndNoneWithState) {
+  BlockManager m(8, 4, 0, true);
+  const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8};
+  SequenceCache a, b;
+  m.hold(a, 8);
+  m.hold(b, 8);
+  a.cached = b.cached = 8;
+  m.publish(a, t, 0);
+  m.publish(b, t, 0);
+  EXPECT_EQ(m.cached_blocks(), 2);
+  m.release(a);
+  m.release(b);
+  EXPECT_EQ(m.free_blocks(), 8);
+  EXPECT_EQ(m.match(t, 2).size(), 2u);
+
+  BlockManager hybrid(8, 4, 2, true);
+  EXPECT_FALSE(hybrid.prefix_caching());
+  SequenceCache h;
+  hybrid.hold(h, 8);
+  h.cached = 8;
+  hybrid.publish(h, t, 0);
+  EXPECT_EQ(hybrid.cached_blocks(), 0);
+  hybrid.release(h);
+  EXPECT_TRUE(hybrid.match(t, 2).empty());
+}
+
 // A model-free harness: requests as sequences, plans run by feeding back a token per sampling chunk.
 class Harness {
  public:

@@ -225,6 +225,32 @@ TEST(LiveServer, SchedulerRefusalsAre400) {
   expect_all_free(s);
 }
 
+// The prefix cache through the API: the same prompt again reports its whole cached blocks in
+// usage.prompt_tokens_details.cached_tokens and gives the same greedy completion and logprobs as the
+// cold request (the hybrid model computes it whole: 0 cached).
+TEST(LiveServer, RepeatedPromptReportsCachedTokensAndTheSameCompletion) {
+  for (const bool hybrid : {false, true}) {
+    LiveServer s(hybrid, hybrid ? "qwen3_5.jinja" : "qwen3.jinja");
+    std::vector<int> prompt;
+    for (int i = 0; i < 70; ++i) prompt.push_back(5 + (i * 37) % 200);
+    const json body = {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
+    const HttpResponse cold = fetch(s.port(), "POST", "/v1/completions", dump(body));
+    const HttpResponse warm = fetch(s.port(), "POST", "/v1/completions", dump(body));
+    ASSERT_EQ(cold.status, 200) << cold.body;
+    ASSERT_EQ(warm.status, 200) << warm.body;
+    const json c = cold.body_json(), w = warm.body_json();
+    EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // 69 of 70 tokens may come from the cache: 4 whole blocks of 16.
+    EXPECT_EQ(w["usage"]["prompt_tokens_details"]["cached_tokens"], hybrid ? 0 : 64);
+    EXPECT_EQ(w["choices"][0]["text"], c["choices"][0]["text"]);
+    const json& lc = c["choices"][0]["logprobs"]["token_logprobs"];
+    const json& lw = w["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(lc.size(), lw.size());
+    for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lw[i].get<double>(), lc[i].get<double>(), 1e-4) << i;
+    expect_all_free(s);
+  }
+}
+
 // The port `qinfer serve` printed to `out` ("... ready on http://127.0.0.1:PORT/v1"), once it has;
 // 0 after 30 s.
 int served_port(const fs::path& out) {
