@@ -72,7 +72,7 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
     r.kv_blocks = r.max_running * blocks_for(r.max_context, r.block_size);
     // On a device with its own memory, the pool takes what is free (after the weights), not more.
     if (const std::optional<uint64_t> free = model.ops().free_memory()) {
-      r.kv_blocks = std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free));
+      r.kv_blocks = std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free, model.ops().records_steps()));
       log_info("engine: {} KV blocks of {} tokens in {:.2f} GB of free device memory", r.kv_blocks, r.block_size,
                static_cast<double>(*free) / 1e9);
     }
@@ -82,11 +82,12 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
 
 }  // namespace
 
-int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes) {
+int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes, bool records_steps) {
   const double block_bytes = 2.0 * static_cast<double>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim) *
                              static_cast<double>(bits(s.kv_dtype) / 8);
-  // The engine's slots and the runner's, one per padding row of a decode step.
-  const double slots = static_cast<double>(o.max_running + std::max(1, decode_padding(o.max_running)));
+  // The engine's slots and the runner's: one per padding row of a recorded decode step (at least one).
+  const int32_t padding = records_steps ? decode_padding(o.max_running) : 0;
+  const double slots = static_cast<double>(o.max_running + std::max(1, padding));
   const double state_bytes = slots * static_cast<double>(s.linear_layers) * 4.0 *
                              static_cast<double>(s.conv_window * s.conv_channels +
                                                  s.value_heads * s.value_head_dim * s.key_head_dim);

@@ -40,8 +40,9 @@ struct EngineOptions {
 };
 
 // KV blocks that fit `free_bytes` × o.memory_fraction after the recurrent states of o.max_running
-// sequences; throws when not even one block does.
-int64_t kv_blocks_in_memory(const CacheShape& shape, const EngineOptions& o, uint64_t free_bytes);
+// sequences and of the padding rows of decode steps (`records_steps`: the backend records them, and
+// pads to the recorded batch sizes); throws when not even one block does.
+int64_t kv_blocks_in_memory(const CacheShape& shape, const EngineOptions& o, uint64_t free_bytes, bool records_steps);
 
 struct RequestParams {
   std::vector<int32_t> prompt;

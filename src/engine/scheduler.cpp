@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
@@ -38,7 +39,7 @@ void Scheduler::add(std::unique_ptr<Sequence> sequence) {
 }
 
 void Scheduler::hold(Sequence& s, int64_t tokens) {
-  if (blocks_.hold(s.cache, tokens)) pending_.zero_slots.push_back(s.cache.slot);
+  if (blocks_.hold(s.cache, tokens)) pending_zero_slots_.push_back(s.cache.slot);
 }
 
 Sequence* Scheduler::youngest_running() {
@@ -118,9 +119,8 @@ StepPlan Scheduler::schedule() {
     preempt(*youngest);
   }
   requeue_preempted();
-  plan.zero_slots = std::move(pending_.zero_slots);
-  plan.copy_slots = std::move(pending_.copy_slots);
-  pending_ = StepPlan{};
+  plan.zero_slots = std::exchange(pending_zero_slots_, {});
+  plan.copy_slots = std::exchange(pending_copy_slots_, {});
   return plan;
 }
 
@@ -149,7 +149,7 @@ void Scheduler::requeue_preempted() {
   for (auto it = preempted.rbegin(); it != preempted.rend(); ++it) waiting_.push_front(std::move(*it));
 }
 
-void Scheduler::fork(Sequence& parent, StepPlan* next) {
+void Scheduler::fork(Sequence& parent, std::vector<std::pair<int32_t, int32_t>>* copies) {
   const int32_t forks = parent.forks;
   parent.forks = 0;
   for (int32_t c = 1; c <= forks; ++c) {
@@ -166,7 +166,7 @@ void Scheduler::fork(Sequence& parent, StepPlan* next) {
       // Whole blocks only: the tail after fork_at goes to each choice's own new block.
       s->cache = blocks_.fork(parent.cache, parent.fork_at);
       s->cached_prompt_tokens = parent.fork_at;
-      if (s->cache.slot >= 0 && next) next->copy_slots.emplace_back(parent.cache.slot, s->cache.slot);
+      if (s->cache.slot >= 0 && copies) copies->emplace_back(parent.cache.slot, s->cache.slot);
     }
     running_.push_back(std::move(s));
   }
@@ -182,7 +182,7 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     const int32_t before = s.cache.cached;
     s.cache.cached += chunk.tokens;
     if (s.cache.cached / blocks_.block_size() > before / blocks_.block_size()) blocks_.publish(s.cache, s.tokens, before);
-    if (s.forks > 0 && s.cache.cached == s.fork_at) fork(s, &pending_);
+    if (s.forks > 0 && s.cache.cached == s.fork_at) fork(s, &pending_copy_slots_);
     if (!chunk.samples) continue;
     const int32_t token = sampled[static_cast<size_t>(row)];
     SampledToken t{s.request, s.choice, token, row++};
@@ -224,21 +224,25 @@ std::vector<int32_t> Scheduler::finish(uint64_t request, int32_t choice) {
   return ended;
 }
 
-std::vector<uint64_t> Scheduler::requests_of(const StepPlan& plan) {
-  std::vector<uint64_t> ids;
-  for (const StepPlan::Chunk& c : plan.chunks) ids.push_back(c.sequence->request);
+namespace {
+std::vector<uint64_t> sorted_unique(std::vector<uint64_t> ids) {
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
+}
+}  // namespace
+
+std::vector<uint64_t> Scheduler::requests_of(const StepPlan& plan) {
+  std::vector<uint64_t> ids;
+  for (const StepPlan::Chunk& c : plan.chunks) ids.push_back(c.sequence->request);
+  return sorted_unique(std::move(ids));
 }
 
 std::vector<uint64_t> Scheduler::requests() const {
   std::vector<uint64_t> ids;
   for (const auto& s : running_) ids.push_back(s->request);
   for (const auto& s : waiting_) ids.push_back(s->request);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  return sorted_unique(std::move(ids));
 }
 
 SchedulerCounts Scheduler::counts() const {

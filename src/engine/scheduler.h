@@ -99,7 +99,9 @@ class Scheduler {
   void reuse_prefix(Sequence& s);
   bool make_room(Sequence& s);
   void preempt(Sequence& s);
-  void fork(Sequence& parent, StepPlan* next);
+  // Branches parent's forks off; their state copies go to `copies` (none: at admission, where a
+  // parent with state has computed nothing yet).
+  void fork(Sequence& parent, std::vector<std::pair<int32_t, int32_t>>* copies);
   void hold(Sequence& s, int64_t tokens);
   Sequence* youngest_running();
   void requeue_preempted();
@@ -108,7 +110,9 @@ class Scheduler {
   BlockManager& blocks_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: the last is the youngest
-  StepPlan pending_;                                // slot work owed to the next plan
+  // Slot work owed to the next plan: fresh slots to zero, forks' state copies.
+  std::vector<int32_t> pending_zero_slots_;
+  std::vector<std::pair<int32_t, int32_t>> pending_copy_slots_;
   int64_t preemptions_ = 0, reused_tokens_ = 0;
 };
 

@@ -18,9 +18,9 @@ TEST(KvBlocksInMemory, Qwen3_8bBlocksFillTheFractionOfFreeMemory) {
   // One block: K and V of 16 tokens × 8 heads × 128 floats in 36 layers = 4.5 MiB. One of the blocks
   // that fit is the model runner's scratch block (padding rows of a decode step).
   const uint64_t block = 2ull * 36 * 16 * 8 * 128 * 4;
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 89);
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block, true), 89);
   o.memory_fraction = 0.5;
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block), 49);
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * block, true), 49);
 }
 
 TEST(KvBlocksInMemory, Bf16PoolsHoldTwiceTheBlocks) {
@@ -29,7 +29,7 @@ TEST(KvBlocksInMemory, Bf16PoolsHoldTwiceTheBlocks) {
   EngineOptions o;
   o.block_size = 16, o.max_running = 64, o.memory_fraction = 0.9;
   const uint64_t f32_block = 2ull * 36 * 16 * 8 * 128 * 4;
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * f32_block), 179);  // 0.9 · 200 bf16 blocks, less the scratch block
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 100 * f32_block, true), 179);  // 0.9 · 200 bf16 blocks, less the scratch block
 }
 
 TEST(KvBlocksInMemory, RecurrentStatesComeFirst) {
@@ -44,9 +44,12 @@ TEST(KvBlocksInMemory, RecurrentStatesComeFirst) {
   // The states of the 10 sequences and of the 3 padding rows a decode step may get (batch sizes 1, 2,
   // 4, 8, 10: 5..7 pad to 8) come first, then the scratch block.
   ASSERT_EQ(decode_padding(10), 3);
-  EXPECT_EQ(kv_blocks_in_memory(s, o, 13 * state + 7 * block), 6);
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 13 * state + 7 * block, true), 6);
+  // Unrecorded steps are not padded: one scratch slot past the 10, and two states' worth of 1 MiB
+  // blocks (100.5) more.
+  EXPECT_EQ(kv_blocks_in_memory(s, o, 13 * state + 7 * block, false), 106);
   try {
-    kv_blocks_in_memory(s, o, 13 * state + block);
+    kv_blocks_in_memory(s, o, 13 * state + block, true);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("leaves no room for the KV cache"));
