@@ -182,6 +182,7 @@ uint8_t f32_to_e2m1(float value) {
 }
 
 void convert_to_f32(DType dtype, const void* src, float* dst, uint64_t count) {
+  if (count == 0) return;  // empty tensors may have no storage at all
   switch (dtype) {
     case DType::f64:
       for (uint64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(load<double>(src, i));
