@@ -72,7 +72,8 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
     r.kv_blocks = r.max_running * blocks_for(r.max_context, r.block_size);
     // On a device with its own memory, the pool takes what is free (after the weights), not more.
     if (const std::optional<uint64_t> free = model.ops().free_memory()) {
-      r.kv_blocks = std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free, model.ops().records_steps()));
+      r.kv_blocks =
+          std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free, model.ops().records_steps()));
       log_info("engine: {} KV blocks of {} tokens in {:.2f} GB of free device memory", r.kv_blocks, r.block_size,
                static_cast<double>(*free) / 1e9);
     }

@@ -227,8 +227,8 @@ void attention(const Context& ctx, const Tensor& q, const KvPool& pool, const At
     }
   }
 
-  const Geometry geo{heads,          group,  hd, kv_heads, layout.block_size, layout.max_blocks, q.ptr<float>(),
-                     pool.k.data,    pool.v.data, pool.k.dtype == DType::bf16, layout.block_table.data()};
+  const Geometry geo{heads, group, hd, kv_heads, layout.block_size, layout.max_blocks, q.ptr<float>(), pool.k.data,
+                     pool.v.data, pool.k.dtype == DType::bf16, layout.block_table.data()};
   const int64_t width = hd + 2;
   std::vector<float> partial(partial_rows * width);
   // Causal prefill makes later token blocks dearer: visiting items first, last, second, second to

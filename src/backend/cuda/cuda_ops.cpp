@@ -770,8 +770,9 @@ class CudaOps final : public Ops {
       int splits = attention_decode_splits(arrays.num_tiles * kv_heads, max_keys, sm_count_);
       while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
       Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
-      launch_attention_decode(q.ptr<float>(), pool_view, arrays, T, heads, kv_heads, head_dim, decode_rows, scale, splits, partial.as<float>(),
-                              decode_arrivals(arrays.num_tiles * kv_heads), out.ptr<float>(), stream());
+      launch_attention_decode(q.ptr<float>(), pool_view, arrays, T, heads, kv_heads, head_dim, decode_rows, scale,
+                              splits, partial.as<float>(), decode_arrivals(arrays.num_tiles * kv_heads),
+                              out.ptr<float>(), stream());
       return;
     }
     const AttentionArrays arrays = upload_attention(layout, group, kAttentionTileRows);
@@ -789,7 +790,8 @@ class CudaOps final : public Ops {
       while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
     }
     Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
-    launch_attention(q.ptr<float>(), pool_view, arrays, T, heads, kv_heads, head_dim, scale, static_cast<int>(splits), partial.as<float>(), out.ptr<float>(), stream());
+    launch_attention(q.ptr<float>(), pool_view, arrays, T, heads, kv_heads, head_dim, scale, static_cast<int>(splits),
+                     partial.as<float>(), out.ptr<float>(), stream());
   }
 
   void moe_route(const Tensor& logits, bool renormalize, Tensor& ids, Tensor& weights) override {
