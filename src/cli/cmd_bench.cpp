@@ -69,12 +69,13 @@ double decode_step_bytes(const models::Checkpoint& ck, int64_t batch, int64_t co
     bytes += b;
   }
   for (const io::LayerKind kind : c.layer_types) {
-    if (kind == io::LayerKind::full_attention)
-      bytes += static_cast<double>(batch) * 2.0 *
-               static_cast<double>(context * c.num_key_value_heads * c.head_dim * (bits(kv_dtype) / 8));
-    else
+    if (kind == io::LayerKind::full_attention) {
+      const auto elements = static_cast<uint64_t>(context * c.num_key_value_heads * c.head_dim);
+      bytes += static_cast<double>(batch) * 2.0 * static_cast<double>(storage_bytes(kv_dtype, elements));
+    } else {
       bytes += static_cast<double>(batch) * 2.0 *
                static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim * 4);
+    }
   }
   return bytes;
 }

@@ -84,11 +84,10 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
 }  // namespace
 
 int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes, bool records_steps) {
-  const double block_bytes = 2.0 * static_cast<double>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim) *
-                             static_cast<double>(bits(s.kv_dtype) / 8);
-  // The engine's slots and the runner's: one per padding row of a recorded decode step (at least one).
-  const int32_t padding = records_steps ? decode_padding(o.max_running) : 0;
-  const double slots = static_cast<double>(o.max_running + std::max(1, padding));
+  const auto block_elements = static_cast<uint64_t>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim);
+  const double block_bytes = 2.0 * static_cast<double>(storage_bytes(s.kv_dtype, block_elements));
+  // The engine's slots and the runner's (at least one: ModelRunner's cache).
+  const double slots = static_cast<double>(o.max_running + std::max(1, padding_rows(o.max_running, records_steps)));
   const double state_bytes = slots * static_cast<double>(s.linear_layers) * 4.0 *
                              static_cast<double>(s.conv_window * s.conv_channels +
                                                  s.value_heads * s.value_head_dim * s.key_head_dim);

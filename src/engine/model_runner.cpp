@@ -29,6 +29,10 @@ std::vector<int32_t> decode_buckets(int32_t max_batch) {
   return sizes;
 }
 
+int32_t padding_rows(int32_t max_batch, bool records_steps) {
+  return records_steps ? std::max(1, decode_padding(max_batch)) : 0;
+}
+
 int32_t decode_padding(int32_t max_batch) {
   const std::vector<int32_t> sizes = decode_buckets(max_batch);
   int32_t most = 0;
@@ -51,8 +55,8 @@ ModelCache make_runner_cache(const models::Runner& model, const RunnerOptions& o
   QINFER_CHECK(o.kv_blocks > 0 && o.block_size > 0 && o.max_batch > 0 && o.max_context > 0 && o.text_vocab > 0,
                "model runner: blocks, block size, batch, context and vocabulary must be positive");
   // Past the block manager's: one block, and a slot per padding row of a decode step.
-  const int64_t padding = o.state_slots > 0 && model.ops().records_steps() ? decode_padding(o.max_batch) : 0;
-  return model.make_cache(o.kv_blocks + 1, o.block_size, o.state_slots + std::max<int64_t>(padding, 1));
+  const int32_t padding = o.state_slots > 0 ? padding_rows(o.max_batch, model.ops().records_steps()) : 0;
+  return model.make_cache(o.kv_blocks + 1, o.block_size, o.state_slots + std::max(padding, 1));
 }
 
 }  // namespace
@@ -64,7 +68,7 @@ ModelRunner::ModelRunner(models::Runner& model, const RunnerOptions& options)
       records_(model.ops().records_steps()) {
   if (records_) buckets_ = decode_buckets(options.max_batch);
   // Every padding row writes its key and value into the one scratch block: what lands there is never read.
-  for (int32_t i = 0; i < (records_ ? std::max(1, decode_padding(options.max_batch)) : 0); ++i)
+  for (int32_t i = 0; i < padding_rows(options.max_batch, records_); ++i)
     padding_.push_back({{static_cast<int32_t>(options.kv_blocks)}, 0,
                         options.state_slots > 0 ? static_cast<int32_t>(options.state_slots + i) : -1});
 }

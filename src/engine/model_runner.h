@@ -37,6 +37,10 @@ std::vector<int32_t> decode_buckets(int32_t max_batch);
 // The most padding rows a decode step of at most max_batch sequences gets (63 for 256). Each has a
 // recurrent-state slot of its own: a batch's sequences never share one (Ops::conv1d_causal).
 int32_t decode_padding(int32_t max_batch);
+// The padding rows the model runner keeps (a scratch block each, and a scratch slot past the block
+// manager's where the model has state): decode_padding, at least one, where steps are recorded;
+// none where they are not (nothing is padded).
+int32_t padding_rows(int32_t max_batch, bool records_steps);
 // The block-table widths a decode step of `batch` rows is recorded at, narrowest first (one when equal).
 std::vector<int32_t> decode_widths(int32_t batch, int64_t max_context, int32_t block_size);
 

@@ -181,7 +181,7 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     Sequence& s = *chunk.sequence;
     const int32_t before = s.cache.cached;
     s.cache.cached += chunk.tokens;
-    if (s.cache.cached / blocks_.block_size() > before / blocks_.block_size()) blocks_.publish(s.cache, s.tokens, before);
+    blocks_.publish(s.cache, s.tokens, before);  // the blocks this chunk filled
     if (s.forks > 0 && s.cache.cached == s.fork_at) fork(s, &pending_copy_slots_);
     if (!chunk.samples) continue;
     const int32_t token = sampled[static_cast<size_t>(row)];

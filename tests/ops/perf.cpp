@@ -165,7 +165,7 @@ PerfCase attention_case(int64_t T, int64_t cached, int64_t heads, int64_t kv_hea
           [=](Ops& ops, const Put& put) {
             const int64_t n_keys = cached + T;
             const int32_t bs = 16, blocks = static_cast<int32_t>((n_keys + bs - 1) / bs);
-            const double kv_bytes = 2.0 * seqs * n_keys * kv_heads * hd * (bits(kv) / 8);
+            const double kv_bytes = 2.0 * static_cast<double>(storage_bytes(kv, static_cast<uint64_t>(seqs * n_keys * kv_heads * hd)));
             const int copies = T == 1 ? copies_for(kv_bytes) : 1;
             const int64_t pool_blocks = copies * seqs * blocks;
             auto pool = std::make_shared<KvPool>(KvPool{pattern_tensor(put, kv, {pool_blocks, bs, kv_heads, hd}),

@@ -231,16 +231,20 @@ struct DecodeShape {
   static constexpr int kPieces = kVec / kPiece;
   static constexpr int kChunk = HD <= 128 ? 4 : 2;  // keys per sub-warp per online-softmax step
   static constexpr int kWarpChunk = kSub * kChunk;  // keys per warp per step: stage rows 2j (K), 2j + 1 (V)
-  // 12 KiB of keys and values in flight per warp (8 KiB at most 8 stages).
+  // 12 KiB of keys and values in flight per warp; at most 8 stages (bf16 head_dim 64 at 8 rows: 8 KiB).
   static constexpr int kStages = std::min(8, (HD <= 64 ? 6 : 3) * 4 / (static_cast<int>(sizeof(E)) * kSub));
   static constexpr int kStageElems = kWarpChunk * 2 * HD;
   static constexpr int kRingElems = kStages * kStageElems;
   static __device__ __forceinline__ int piece_offset(int p, int sub_lane) { return (p * kLanes + sub_lane) * kPiece; }
 };
 
+// P (2, 4 or 8) floats, in 8- or 16-byte loads.
 template <int P>
 __device__ __forceinline__ void load_piece(const float* src, float* dst) {
-  if constexpr (P == 4) {
+  if constexpr (P == 8) {
+    load_piece<4>(src, dst);
+    load_piece<4>(src + 4, dst + 4);
+  } else if constexpr (P == 4) {
     const float4 v = *reinterpret_cast<const float4*>(src);
     dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
   } else {
@@ -269,17 +273,6 @@ __device__ __forceinline__ void load_piece(const __nv_bfloat16* src, float* dst)
   }
 }
 
-// P (2, 4 or 8) floats of q from global memory.
-template <int P>
-__device__ __forceinline__ void load_q_piece(const float* src, float* dst) {
-  if constexpr (P == 8) {
-    load_piece<4>(src, dst);
-    load_piece<4>(src + 4, dst + 4);
-  } else {
-    load_piece<P>(src, dst);
-  }
-}
-
 // load_piece from global memory written by other blocks of the same launch: through L2, not L1.
 template <int P>
 __device__ __forceinline__ void load_piece_cg(const float* src, float* dst) {
@@ -294,10 +287,14 @@ __device__ __forceinline__ void load_piece_cg(const float* src, float* dst) {
 
 template <int P>
 __device__ __forceinline__ void store_piece(float* dst, const float* v) {
-  if constexpr (P == 4)
+  if constexpr (P == 8) {
+    store_piece<4>(dst, v);
+    store_piece<4>(dst + 4, v + 4);
+  } else if constexpr (P == 4) {
     *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-  else
+  } else {
     *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+  }
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -387,7 +384,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
   constexpr int kVec = S::kVec, kPiece = S::kPiece, kPieces = S::kPieces, kChunk = S::kChunk;
   constexpr int kStages = S::kStages, kSub = S::kSub, kLanes = S::kLanes, kWarpChunk = S::kWarpChunk;
   constexpr int kParts = kDecodeWarps * kSub;            // sub-warps of the block, merged at the end
-  constexpr int kStorePiece = kPiece < 4 ? kPiece : 4;  // floats per store of the accumulators
   constexpr int kChunksPerLookup = kWarp / kWarpChunk;  // chunks whose pool rows one lane-wide lookup finds
   constexpr unsigned kAll = 0xFFFFFFFFu;
   // The layout arrays come from host copies, which finish before any kernel of the chain starts,
@@ -479,7 +475,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int r = 0; r < R; ++r) {
     const float* src = q + q_offset(min(r, rows - 1));
 #pragma unroll
-    for (int p = 0; p < kPieces; ++p) load_q_piece<kPiece>(src + S::piece_offset(p, sub_lane), qr[r] + p * kPiece);
+    for (int p = 0; p < kPieces; ++p) load_piece<kPiece>(src + S::piece_offset(p, sub_lane), qr[r] + p * kPiece);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) qr[r][e] *= scale_log2;
   }
@@ -562,11 +558,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int r = 0; r < R; ++r) {
     if (sub_lane == 0) m_s[part * R + r] = m[r], l_s[part * R + r] = l[r];
 #pragma unroll
-    for (int p = 0; p < kPieces; ++p) {
-      float* dst = acc_s + (part * R + r) * HD + S::piece_offset(p, sub_lane);
-#pragma unroll
-      for (int e = 0; e < kPiece; e += kStorePiece) store_piece<kStorePiece>(dst + e, acc[r] + p * kPiece + e);
-    }
+    for (int p = 0; p < kPieces; ++p)
+      store_piece<kPiece>(acc_s + (part * R + r) * HD + S::piece_offset(p, sub_lane), acc[r] + p * kPiece);
   }
   __syncthreads();
   const int tid = threadIdx.x;

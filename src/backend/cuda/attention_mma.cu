@@ -14,8 +14,8 @@
 // A bf16 pool's tiles are widened to f32 as they are loaded (plain loads: exact mode over a bf16
 // cache is a rare pairing).
 // bf16: Q, K and V are rounded to bf16 (RNE) as they are staged into shared memory, from where
-// ldmatrix feeds the MMAs; P is rounded to bf16 for P·V. A bf16 pool's tiles go straight into the
-// bf16 buffers by cp.async. Its tiles are 128 query rows for every
+// ldmatrix feeds the MMAs; P is rounded to bf16 for P·V; a bf16 pool's tiles go straight into the
+// bf16 buffers by cp.async. This kernel's tiles are 128 query rows for every
 // head_dim (8 warps), so at head_dim 256 they differ from the TF32 kernel's 64.
 #include <cuda_bf16.h>
 

@@ -460,26 +460,24 @@ class CudaOps final : public Ops {
                  ws.size(), ys.size(), kMaxGemvMatrices);
     check_f32("linear_many", "x", x, 2);
     const int64_t T = x.dim(0), in = x.dim(1);
+    std::vector<WeightView> views;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      views.push_back(view("linear_many", "w", *ws[i], 2));
+      QINFER_CHECK(views[i].in == in, "cuda linear_many: w[{}] {} does not take inputs of width {}", i,
+                   shape_str(ws[i]->shape()), in);
+      check_f32("linear_many", "y", *ys[i], 2);
+      check_shape("linear_many", "y", *ys[i], {T, views[i].rows});
+      check_distinct("linear_many", "y", *ys[i], "x", x);
+    }
     if (T > kGemvMaxTokens || in == 0) {
       // GEMMs on 16-bit operands share x's conversion (a launch per matrix less: q/k/v, gate/up).
-      std::vector<WeightView> views;
       bool shared = T > 0 && in > 0 && ws.size() > 1;
-      for (size_t i = 0; i < ws.size(); ++i) {
-        views.push_back(view("linear_many", "w", *ws[i], 2));
-        shared = shared && (views[i].quantized || views[i].dtype != DType::f32) && views[i].rows > 0;
-      }
+      for (const WeightView& w : views) shared = shared && (w.quantized || w.dtype != DType::f32) && w.rows > 0;
       if (!shared) {
         for (size_t i = 0; i < ws.size(); ++i) linear(x, *ws[i], *ys[i]);
         return;
       }
-      for (size_t i = 0; i < ws.size(); ++i) {
-        QINFER_CHECK(views[i].in == in, "cuda linear_many: w[{}] {} does not take inputs of width {}", i,
-                     shape_str(ws[i]->shape()), in);
-        check_f32("linear_many", "y", *ys[i], 2);
-        check_shape("linear_many", "y", *ys[i], {T, views[i].rows});
-        check_distinct("linear_many", "y", *ys[i], "x", x);
-        check_gemm_shape(T, views[i].rows, in);
-      }
+      for (const WeightView& w : views) check_gemm_shape(T, w.rows, in);
       enter();
       if (replaying()) return;
       const GemmInput input(*this, x.ptr<float>(), T * in);
@@ -490,13 +488,7 @@ class CudaOps final : public Ops {
     batch.count = static_cast<int>(ws.size());
     batch.fast = precision_ == Precision::fast;
     for (size_t i = 0; i < ws.size(); ++i) {
-      const WeightView w = view("linear_many", "w", *ws[i], 2);
-      QINFER_CHECK(w.in == in, "cuda linear_many: w[{}] {} does not take inputs of width {}", i,
-                   shape_str(ws[i]->shape()), in);
-      check_f32("linear_many", "y", *ys[i], 2);
-      check_shape("linear_many", "y", *ys[i], {T, w.rows});
-      check_distinct("linear_many", "y", *ys[i], "x", x);
-      batch.w[i] = w;
+      batch.w[i] = views[i];
       batch.y[i] = ys[i]->ptr<float>();
     }
     enter();

@@ -22,9 +22,7 @@ struct Heads {
   int64_t T, head_dim, half;
   const float* v;            // [T, heads[1], head_dim] when storing
   const int32_t* dst_rows;   // [T]: pool row of each token
-  void* pool_k;              // [rows, heads[1], head_dim] of Pool elements
-  void* pool_v;
-  bool bf16_pool;
+  KvPoolView pool;           // [rows, heads[1], head_dim] of K and of V; none (null) for no store
 };
 
 // One warp per (token, head), the head in registers: lane l holds the rotation pairs (x[i],
@@ -35,8 +33,8 @@ template <bool kNorm, int kFreqs, int kPass, typename Pool>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __grid_constant__ RopeTable table) {
   constexpr bool kStore = !std::is_void_v<Pool>;
   using Elem = std::conditional_t<kStore, Pool, float>;
-  Elem* const pool_k = static_cast<Elem*>(h.pool_k);
-  Elem* const pool_v = static_cast<Elem*>(h.pool_v);
+  Elem* const pool_k = static_cast<Elem*>(h.pool.k);
+  Elem* const pool_v = static_cast<Elem*>(h.pool.v);
   allow_next_kernel();
   wait_for_previous_kernel();
   const int lane = threadIdx.x % kWarp;
@@ -137,8 +135,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
 template <bool kNorm, int kFreqs, int kPass>
 void launch_heads(const Heads& h, const RopeTable& table, cudaStream_t stream) {
   const unsigned blocks = grid_for(h.T * (h.heads[0] + h.heads[1]), kWarpsPerBlock, 65535);
-  if (!h.pool_k) launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, void>, blocks, kThreads, 0, stream, h, table);
-  else if (h.bf16_pool)
+  if (!h.pool.k) launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, void>, blocks, kThreads, 0, stream, h, table);
+  else if (h.pool.bf16)
     launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, __nv_bfloat16>, blocks, kThreads, 0, stream, h, table);
   else launch_overlapped(rope_kernel<kNorm, kFreqs, kPass, float>, blocks, kThreads, 0, stream, h, table);
   QINFER_CUDA_CHECK_LAUNCH("rope_kernel<<<>>>");
@@ -206,7 +204,7 @@ bool try_launch_rms_norm_rope_store(float* q, float* k, const float* v, const fl
   h.eps = eps;
   h.positions = positions;
   h.T = T, h.head_dim = head_dim, h.half = half;
-  h.v = v, h.dst_rows = dst_rows, h.pool_k = pool.k, h.pool_v = pool.v, h.bf16_pool = pool.bf16;
+  h.v = v, h.dst_rows = dst_rows, h.pool = pool;
   launch_normed(h, table, stream);
   return true;
 }

@@ -136,7 +136,7 @@ void check_attention_layout(std::string_view op, const AttentionLayout& layout, 
 
 // n elements of a KV pool (f32 or bf16) from element `first`, as f32.
 void read_kv(const Tensor& pool, int64_t first, int64_t n, float* out) {
-  convert_to_f32(pool.dtype, static_cast<const std::byte*>(pool.data) + first * (bits(pool.dtype) / 8), out,
+  convert_to_f32(pool.dtype, static_cast<const std::byte*>(pool.data) + storage_bytes(pool.dtype, static_cast<uint64_t>(first)), out,
                  static_cast<uint64_t>(n));
 }
 
