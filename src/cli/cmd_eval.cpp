@@ -1,5 +1,5 @@
 // `qinfer eval`: logits for token ids, the oracle interface tests and outside checks use.
-//   qinfer eval --model DIR --ids 1,2,3 [--mode prefill|decode|chunked:N] [--device cpu|ref|cuda[:N]]
+//   qinfer eval --model DIR --ids 1,2,3 [--mode prefill|decode|chunked:N|cached:N] [--device cpu|ref|cuda[:N]]
 //               [--logits OUT.bin] [--greedy N] [--tensor-parallel N]
 #include <fmt/format.h>
 
@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/generation_options.h"
 #include "core/error.h"
+#include "engine/cached_logits.h"
 #include "models/eval.h"
 #include "models/tensor_parallel.h"
 
@@ -38,6 +39,19 @@ struct Options {
   int tensor_parallel = 1;
 };
 
+void write_logits(const std::string& path, const Tensor& logits) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(logits.data), static_cast<std::streamsize>(logits.nbytes()));
+  QINFER_CHECK(out.good(), "--logits {}: cannot write the file", path);
+}
+
+// cached:N — through the engine's prefix cache; prints the tokens the prompt took from it.
+void evaluate_cached(const Options& o, const std::vector<int32_t>& ids, models::EvalMode mode, models::Runner& model) {
+  const engine::CachedLogits r = engine::cached_prompt_logits(model, ids, mode.chunk);
+  if (!o.logits.empty()) write_logits(o.logits, r.logits);
+  fmt::print("{{\"cached\":{}}}\n", r.cached);
+}
+
 // The prompt's logits (and dump, and greedy tokens) from `model`; only `write` writes them out.
 void evaluate(const Options& o, const std::vector<int32_t>& ids, models::EvalMode mode, models::Model& model, Ops& ops,
               bool write) {
@@ -58,11 +72,7 @@ void evaluate(const Options& o, const std::vector<int32_t>& ids, models::EvalMod
     if (!o.dump.empty()) {
       std::ofstream(std::filesystem::path(o.dump) / "manifest.json") << manifest.dump(1) << "\n";
     }
-    if (!o.logits.empty() && write) {
-      std::ofstream out(o.logits, std::ios::binary);
-      out.write(static_cast<const char*>(logits.data), static_cast<std::streamsize>(logits.nbytes()));
-      QINFER_CHECK(out.good(), "--logits {}: cannot write the file", o.logits);
-    }
+    if (!o.logits.empty() && write) write_logits(o.logits, logits);
   }
   if (o.greedy > 0) {
     std::vector<int32_t> tokens = models::greedy_continuation(model, ids, o.greedy);
@@ -77,7 +87,9 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "Logits (and greedy tokens) for a prompt of token ids");
   cmd->add_option("--model", o->model, "checkpoint folder")->required();
   cmd->add_option("--ids", o->ids, "comma-separated token ids")->required();
-  cmd->add_option("--mode", o->mode, "prefill | decode | chunked:N (default prefill)");
+  cmd->add_option("--mode", o->mode,
+                  "prefill | decode | chunked:N | cached:N: after an earlier request of the first N ids left them in "
+                  "the prefix cache, printing {\"cached\": K}, the tokens reused (default prefill)");
   cmd->add_option("--device", o->device, "cpu (default), ref or cuda[:N]");
   cmd->add_option("--logits", o->logits, "write float32 little-endian logits [L, V] here");
   cmd->add_option("--dump", o->dump,
@@ -89,6 +101,8 @@ void add_eval_command(CLI::App& app) {
     const std::vector<int32_t> ids = parse_ids(o->ids);
     const models::EvalMode mode = models::parse_eval_mode(o->mode);
     QINFER_CHECK(o->greedy >= 0, "--greedy: must not be negative");
+    QINFER_CHECK(mode.kind != models::EvalMode::cached || o->greedy == 0,
+                 "--greedy does not go with --mode cached:N (the greedy tokens of a cached prompt are the same)");
     QINFER_CHECK(o->dump.empty() || mode.kind == models::EvalMode::prefill,
                  "--dump needs --mode prefill (one forward, so each name is written once)");
     QINFER_CHECK(o->dump.empty() || o->tensor_parallel == 1,
@@ -100,11 +114,16 @@ void add_eval_command(CLI::App& app) {
     if (o->tensor_parallel == 1) {
       const std::unique_ptr<Ops> ops = make_ops(o->device);
       models::Model model(checkpoint, *ops);
-      evaluate(*o, ids, mode, model, *ops, true);
+      if (mode.kind == models::EvalMode::cached) evaluate_cached(*o, ids, mode, model);
+      else evaluate(*o, ids, mode, model, *ops, true);
       return;
     }
     // Every rank runs the same forwards; rank 0 writes the results.
     const auto group = load_ranks(checkpoint, o->device, o->tensor_parallel);
+    if (mode.kind == models::EvalMode::cached) {
+      evaluate_cached(*o, ids, mode, *group);
+      return;
+    }
     group->for_each_rank(
         [&](models::Model& model) { evaluate(*o, ids, mode, model, model.ops(), model.shard().rank == 0); });
   });

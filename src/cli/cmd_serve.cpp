@@ -52,8 +52,16 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-waiting", o->engine.max_waiting, "queued requests before 429 (default 256)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("!--no-prefix-caching", o->engine.prefix_caching,
-                "compute every prompt whole instead of reusing the KV blocks of earlier requests' shared prefixes "
-                "(models with Gated DeltaNet layers never reuse them yet)");
+                "compute every prompt whole instead of reusing the KV blocks (and state checkpoints) of earlier "
+                "requests' shared prefixes");
+  cmd->add_option("--state-checkpoint-memory", o->engine.state_checkpoint_gb,
+                  "GB for checkpoints of Gated DeltaNet state that reused prefixes start from (default: a tenth of "
+                  "the cache's device memory, 0.25 on the CPU; 0: none, and such models reuse nothing)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--state-checkpoint-interval", o->engine.state_checkpoint_interval,
+                  "tokens between a long prefill's state checkpoints, a multiple of the block size (default 1024; "
+                  "0: only at junctions and prompt ends)")
+      ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--kv-blocks", o->engine.kv_blocks, "KV-cache blocks (default: max-running x max-context)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--max-context", o->engine.max_context,

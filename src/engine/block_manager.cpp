@@ -6,11 +6,16 @@
 
 namespace qinfer::engine {
 
-BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching)
-    : block_size_(block_size), num_slots_(num_slots), prefix_caching_(prefix_caching && num_slots == 0) {
-  QINFER_CHECK(num_blocks > 0 && block_size > 0 && num_slots >= 0,
-               "block manager: {} blocks of {} tokens and {} slots (blocks and block size must be positive)",
-               num_blocks, block_size, num_slots);
+BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching,
+                           int64_t num_checkpoints)
+    : block_size_(block_size),
+      num_slots_(num_slots),
+      prefix_caching_(prefix_caching && (num_slots == 0 || num_checkpoints > 0)),
+      num_checkpoints_(prefix_caching_ && num_slots > 0 ? num_checkpoints : 0) {
+  QINFER_CHECK(num_blocks > 0 && block_size > 0 && num_slots >= 0 && num_checkpoints >= 0,
+               "block manager: {} blocks of {} tokens, {} slots and {} checkpoints (blocks and block size must be "
+               "positive)",
+               num_blocks, block_size, num_slots, num_checkpoints);
   refcount_.assign(static_cast<size_t>(num_blocks), 0);
   parent_.assign(static_cast<size_t>(num_blocks), kNotCached);
   children_.assign(static_cast<size_t>(num_blocks), 0);
@@ -19,6 +24,9 @@ BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_s
   // Popped from the back: low ids first.
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
   for (int64_t s = num_slots - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
+  checkpoint_.assign(static_cast<size_t>(num_blocks), -1);
+  checkpoint_used_.assign(static_cast<size_t>(num_blocks), 0);
+  for (int64_t c = num_checkpoints_ - 1; c >= 0; --c) free_checkpoints_.push_back(static_cast<int32_t>(num_slots + c));
 }
 
 int64_t BlockManager::blocks_needed(const SequenceCache& cache, int64_t tokens) const {
@@ -51,6 +59,7 @@ void BlockManager::unlink(int32_t block) {
       break;
     }
   }
+  detach_checkpoint(block);
   const int32_t parent = parent_[i];
   parent_[i] = kNotCached;
   run_[i].clear();
@@ -75,7 +84,12 @@ bool BlockManager::hold(SequenceCache& cache, int64_t tokens) {
     refcount_[static_cast<size_t>(b)] = 1;
     cache.blocks.push_back(b);
   }
+  return take_slot(cache);
+}
+
+bool BlockManager::take_slot(SequenceCache& cache) {
   if (cache.slot >= 0 || num_slots_ == 0) return false;
+  QINFER_CHECK(!free_slots_.empty(), "block manager: no free state slot ({} of {} held)", used_slots(), num_slots_);
   cache.slot = free_slots_.back();
   free_slots_.pop_back();
   return true;
@@ -128,27 +142,47 @@ int32_t BlockManager::find_child(int32_t parent, const int32_t* run) const {
   return kNotCached;
 }
 
-std::vector<int32_t> BlockManager::match(const std::vector<int32_t>& tokens, int64_t max_blocks) {
-  std::vector<int32_t> blocks;
-  if (!prefix_caching_) return blocks;
-  const int64_t whole = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / block_size_);
-  int32_t parent = kRoot;
-  for (int64_t i = 0; i < whole; ++i) {
-    const int32_t b = find_child(parent, tokens.data() + i * block_size_);
-    if (b == kNotCached) break;
-    const size_t j = static_cast<size_t>(b);
-    if (refcount_[j]++ == 0) {
-      --idle_cached_;
-      evictable_.erase({last_used_[j], b});
-    }
-    last_used_[j] = ++clock_;
-    blocks.push_back(b);
-    parent = b;
+void BlockManager::reference(int32_t block) {
+  const size_t j = static_cast<size_t>(block);
+  if (refcount_[j]++ == 0) {
+    --idle_cached_;
+    evictable_.erase({last_used_[j], block});
   }
-  return blocks;
+  last_used_[j] = ++clock_;
 }
 
-void BlockManager::publish(const SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token) {
+BlockManager::Match BlockManager::match(const std::vector<int32_t>& tokens, int64_t max_blocks) {
+  Match m;
+  if (!prefix_caching_) return m;
+  const int64_t whole = static_cast<int64_t>(tokens.size()) / block_size_;
+  // The path as far as it goes; a model with state reuses it up to its deepest checkpoint.
+  std::vector<int32_t> path;
+  int64_t usable = 0;
+  for (int32_t parent = kRoot; static_cast<int64_t>(path.size()) < whole;) {
+    const int32_t b = find_child(parent, tokens.data() + static_cast<int64_t>(path.size()) * block_size_);
+    if (b == kNotCached) break;
+    path.push_back(b);
+    parent = b;
+    if (static_cast<int64_t>(path.size()) <= max_blocks && (num_slots_ == 0 || checkpoint_[static_cast<size_t>(b)] >= 0))
+      usable = static_cast<int64_t>(path.size());
+  }
+  m.path_blocks = static_cast<int64_t>(path.size());
+  for (int64_t i = 0; i < usable; ++i) {
+    reference(path[static_cast<size_t>(i)]);
+    m.blocks.push_back(path[static_cast<size_t>(i)]);
+  }
+  if (num_slots_ > 0 && usable > 0) {
+    const int32_t b = m.blocks.back();
+    const size_t j = static_cast<size_t>(b);
+    m.checkpoint = checkpoint_[j];
+    checkpoint_lru_.erase({checkpoint_used_[j], b});
+    checkpoint_used_[j] = ++clock_;
+    checkpoint_lru_.insert({checkpoint_used_[j], b});
+  }
+  return m;
+}
+
+void BlockManager::publish(SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token) {
   if (!prefix_caching_) return;
   const int64_t whole = std::min<int64_t>(cache.cached / block_size_, static_cast<int64_t>(cache.blocks.size()));
   for (int64_t i = from_token / block_size_; i < whole; ++i) {
@@ -159,10 +193,17 @@ void BlockManager::publish(const SequenceCache& cache, const std::vector<int32_t
       last_used_[j] = ++clock_;
       continue;
     }
-    // The path to here must be cached, and not spelled already by another block.
+    // The path to here is cached (every earlier block was published or swapped).
     if (parent != kRoot && !in_cache(parent)) return;
     const int32_t* run = tokens.data() + i * block_size_;
-    if (find_child(parent, run) != kNotCached) return;
+    if (const int32_t cached = find_child(parent, run); cached != kNotCached) {
+      // Computed twice (two sequences prefilled it at once, or one recomputed it after a checkpoint):
+      // keep the cached block, so the path goes on under it.
+      reference(cached);
+      cache.blocks[static_cast<size_t>(i)] = cached;
+      if (--refcount_[j] == 0) free_blocks_.push_back(b);
+      continue;
+    }
     parent_[j] = parent;
     run_[j].assign(run, run + block_size_);
     last_used_[j] = ++clock_;
@@ -170,6 +211,57 @@ void BlockManager::publish(const SequenceCache& cache, const std::vector<int32_t
     if (parent != kRoot) ++children_[static_cast<size_t>(parent)];
     ++cached_;
   }
+}
+
+int32_t BlockManager::take_checkpoint(bool rolling) {
+  if (num_checkpoints_ == 0 || (rolling && 2 * (rolling_ + 1) > num_checkpoints_)) return -1;
+  int32_t c = -1;
+  if (!free_checkpoints_.empty()) {
+    c = free_checkpoints_.back();
+    free_checkpoints_.pop_back();
+  } else if (!checkpoint_lru_.empty()) {
+    const int32_t block = checkpoint_lru_.begin()->second;
+    c = checkpoint_[static_cast<size_t>(block)];
+    detach_checkpoint(block);
+    free_checkpoints_.pop_back();  // detach gave it back
+    ++checkpoint_evictions_;
+  } else {
+    return -1;  // every checkpoint is a running sequence's, being written
+  }
+  rolling_ += rolling;
+  return c;
+}
+
+void BlockManager::attach_checkpoint(const SequenceCache& cache, int64_t blocks, int32_t checkpoint, bool rolling) {
+  QINFER_CHECK(blocks > 0 && blocks <= static_cast<int64_t>(cache.blocks.size()) && checkpoint >= num_slots_ &&
+                   checkpoint < num_slots_ + num_checkpoints_,
+               "block manager: checkpoint {} after {} blocks of a sequence holding {}", checkpoint, blocks,
+               cache.blocks.size());
+  rolling_ -= rolling;
+  const int32_t b = cache.blocks[static_cast<size_t>(blocks - 1)];
+  const size_t j = static_cast<size_t>(b);
+  if (!in_cache(b) || checkpoint_[j] >= 0) {
+    free_checkpoints_.push_back(checkpoint);
+    return;
+  }
+  checkpoint_[j] = checkpoint;
+  checkpoint_used_[j] = ++clock_;
+  checkpoint_lru_.insert({checkpoint_used_[j], b});
+  ++attached_;
+}
+
+void BlockManager::drop_checkpoint(int32_t checkpoint, bool rolling) {
+  rolling_ -= rolling;
+  free_checkpoints_.push_back(checkpoint);
+}
+
+void BlockManager::detach_checkpoint(int32_t block) {
+  const size_t j = static_cast<size_t>(block);
+  if (checkpoint_[j] < 0) return;
+  checkpoint_lru_.erase({checkpoint_used_[j], block});
+  free_checkpoints_.push_back(checkpoint_[j]);
+  checkpoint_[j] = -1;
+  --attached_;
 }
 
 }  // namespace qinfer::engine

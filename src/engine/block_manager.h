@@ -8,8 +8,14 @@
 // of a tree whose edges are block-sized runs of token ids (a node's key is its run and its parent's
 // node, so a path from the root spells a prefix). A new sequence takes the longest cached path its
 // tokens spell, sharing those blocks by reference count. Unreferenced cached blocks count as free;
-// when the free list runs dry the least recently used leaf is evicted. Models with recurrent state
-// keep no prefix cache (a cached block would need the state at its end as well).
+// when the free list runs dry the least recently used leaf is evicted.
+//
+// Models with recurrent state (Gated DeltaNet) need the state at the end of a reused prefix as well
+// as its KV blocks: a checkpoint, a slot past the sequences' own holding one sequence's state as it
+// was after some node's block. A pool of them (`num_checkpoints`) is attached to nodes as the
+// scheduler saves them; a match then ends at the deepest node of the path with a checkpoint, which
+// the new sequence's slot starts from. Checkpoints go with their block's eviction, and the least
+// recently used one goes first when the pool is dry. Without checkpoints such a model caches nothing.
 #include <cstdint>
 #include <set>
 #include <unordered_map>
@@ -23,8 +29,10 @@ namespace qinfer::engine {
 class BlockManager {
  public:
   // `num_slots` 0: the model keeps no recurrent state, and sequences get no slot. `prefix_caching`:
-  // keep computed blocks for later sequences (models without recurrent state only).
-  BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching = false);
+  // keep computed blocks for later sequences (for a model with state, only with checkpoints: slots
+  // num_slots .. num_slots + num_checkpoints - 1).
+  BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching = false,
+               int64_t num_checkpoints = 0);
 
   int32_t block_size() const { return block_size_; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
@@ -46,6 +54,8 @@ class BlockManager {
   // Returns true when it got a new slot, whose state must be zeroed before the sequence runs. Throws
   // when the pool cannot (check can_hold first): nothing is taken then.
   bool hold(SequenceCache& cache, int64_t tokens);
+  // Gives `cache` a slot if it has none (a model with state); true when it got one.
+  bool take_slot(SequenceCache& cache);
   // Returns every block (one reference each) and the slot; `cache` is empty afterwards.
   void release(SequenceCache& cache);
   // A branch of `parent` that shares its first `shared` tokens' whole blocks (a reference each) and
@@ -54,20 +64,41 @@ class BlockManager {
   SequenceCache fork(const SequenceCache& parent, int32_t shared);
 
   bool prefix_caching() const { return prefix_caching_; }
-  // The blocks of the longest cached path that `tokens` spell, at most `max_blocks` of them, each
-  // with a reference taken (empty without a prefix cache).
-  std::vector<int32_t> match(const std::vector<int32_t>& tokens, int64_t max_blocks);
+  // A sequence's start from the prefix cache.
+  struct Match {
+    std::vector<int32_t> blocks;  // reused, a reference each taken
+    int32_t checkpoint = -1;      // models with state: the slot holding the state after `blocks`
+    int64_t path_blocks = 0;      // blocks of the cached path the tokens spell (≥ blocks.size())
+  };
+  // The longest cached path that `tokens` spell, at most `max_blocks` blocks of it, and for a model
+  // with state only up to its deepest checkpoint (nothing without a prefix cache).
+  Match match(const std::vector<int32_t>& tokens, int64_t max_blocks);
   // Adds the whole blocks of `cache` among its first cache.cached tokens, from block `from_token` /
-  // block size on, to the prefix cache (`tokens`: the sequence's ids). A block whose run is cached
-  // already under the same path by another block stays the sequence's own, and so do the ones after it.
-  void publish(const SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token);
+  // block size on, to the prefix cache (`tokens`: the sequence's ids). A block whose run another
+  // block already caches under the same path is swapped for that one (its reference moves there,
+  // and the sequence's own copy is freed): both hold the same tokens' keys and values.
+  void publish(SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token);
   int64_t cached_blocks() const { return cached_; }  // in the prefix cache, held or not
   int64_t evictions() const { return evictions_; }
+
+  // Checkpoints (models with state). A slot to save a state into, taken from the free ones or from
+  // the least recently used attached checkpoint; -1 when there is none (`rolling`: one a running
+  // sequence keeps overwriting, which may take at most half the pool).
+  int32_t take_checkpoint(bool rolling);
+  // Attaches a taken checkpoint holding the state after cache's first `blocks` blocks to the node of
+  // its last one; one that cannot be (the block is not cached, or has a checkpoint) goes back.
+  void attach_checkpoint(const SequenceCache& cache, int64_t blocks, int32_t checkpoint, bool rolling);
+  void drop_checkpoint(int32_t checkpoint, bool rolling);
+  int64_t total_checkpoints() const { return num_checkpoints_; }
+  int64_t attached_checkpoints() const { return attached_; }
+  int64_t checkpoint_evictions() const { return checkpoint_evictions_; }
 
  private:
   int32_t take_block();
   void unlink(int32_t block);
   void make_idle(int32_t block);
+  void detach_checkpoint(int32_t block);
+  void reference(int32_t block);
   bool in_cache(int32_t block) const { return parent_[static_cast<size_t>(block)] != kNotCached; }
   uint64_t run_hash(int32_t parent, const int32_t* run) const;
   int32_t find_child(int32_t parent, const int32_t* run) const;
@@ -86,6 +117,13 @@ class BlockManager {
   std::set<std::pair<uint64_t, int32_t>> evictable_;  // (last used, block): unheld cached leaves
   int64_t idle_cached_ = 0, cached_ = 0, evictions_ = 0;
   uint64_t clock_ = 0;
+  // Checkpoints: per block, the one attached (-1: none) and when it was last attached or matched;
+  // the free ones; (last used, block) of every attached one, the least recently used first.
+  int64_t num_checkpoints_;
+  std::vector<int32_t> checkpoint_, free_checkpoints_;
+  std::vector<uint64_t> checkpoint_used_;
+  std::set<std::pair<uint64_t, int32_t>> checkpoint_lru_;
+  int64_t attached_ = 0, rolling_ = 0, checkpoint_evictions_ = 0;
 };
 
 }  // namespace qinfer::engine

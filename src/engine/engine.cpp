@@ -66,31 +66,55 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
   QINFER_CHECK(o.kv_blocks >= 0, "engine: kv_blocks must not be negative, got {}", o.kv_blocks);
   QINFER_CHECK(o.memory_fraction > 0 && o.memory_fraction <= 1, "engine: memory_fraction {} is outside (0, 1]",
                o.memory_fraction);
+  QINFER_CHECK(o.state_checkpoint_interval >= 0 && o.state_checkpoint_interval % o.block_size == 0,
+               "engine: state_checkpoint_interval {} must be a multiple of the block size {} (0: none)",
+               o.state_checkpoint_interval, o.block_size);
+  QINFER_CHECK(o.state_checkpoint_gb == -1 || o.state_checkpoint_gb >= 0,
+               "engine: state_checkpoint_gb must be -1 (auto) or at least 0, got {}", o.state_checkpoint_gb);
   EngineOptions r = o;
   if (r.max_context == 0) r.max_context = positions;
+  const std::optional<uint64_t> free = model.ops().free_memory();
+  const uint64_t slot_bytes = state_slot_bytes(model.cache_shape());
+  r.state_checkpoints = 0;
+  if (slot_bytes > 0 && r.prefix_caching) {
+    const double gb = r.state_checkpoint_gb >= 0 ? r.state_checkpoint_gb
+                      : free                     ? 0.1 * static_cast<double>(*free) * r.memory_fraction / 1e9
+                                                 : 0.25;
+    r.state_checkpoints = static_cast<int64_t>(gb * 1e9 / static_cast<double>(slot_bytes));
+  }
   if (r.kv_blocks == 0) {
     r.kv_blocks = r.max_running * blocks_for(r.max_context, r.block_size);
     // On a device with its own memory, the pool takes what is free (after the weights), not more.
-    if (const std::optional<uint64_t> free = model.ops().free_memory()) {
+    if (free) {
       r.kv_blocks =
           std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free, model.ops().records_steps()));
       log_info("engine: {} KV blocks of {} tokens in {:.2f} GB of free device memory", r.kv_blocks, r.block_size,
                static_cast<double>(*free) / 1e9);
     }
   }
+  // More would never be attached: one per cached block, one rolling per running sequence.
+  r.state_checkpoints = std::min(r.state_checkpoints, r.kv_blocks + r.max_running);
+  if (r.state_checkpoints > 0)
+    log_info("engine: {} state checkpoints ({:.2f} GB), one every {} prefill tokens", r.state_checkpoints,
+             static_cast<double>(r.state_checkpoints) * static_cast<double>(slot_bytes) / 1e9,
+             r.state_checkpoint_interval);
   return r;
 }
 
 }  // namespace
 
+uint64_t state_slot_bytes(const CacheShape& s) {
+  return static_cast<uint64_t>(s.linear_layers) * sizeof(float) *
+         static_cast<uint64_t>(s.conv_window * s.conv_channels + s.value_heads * s.value_head_dim * s.key_head_dim);
+}
+
 int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes, bool records_steps) {
   const auto block_elements = static_cast<uint64_t>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim);
   const double block_bytes = 2.0 * static_cast<double>(storage_bytes(s.kv_dtype, block_elements));
-  // The engine's slots and the runner's (at least one: ModelRunner's cache).
-  const double slots = static_cast<double>(o.max_running + std::max(1, padding_rows(o.max_running, records_steps)));
-  const double state_bytes = slots * static_cast<double>(s.linear_layers) * 4.0 *
-                             static_cast<double>(s.conv_window * s.conv_channels +
-                                                 s.value_heads * s.value_head_dim * s.key_head_dim);
+  // The engine's slots, its checkpoints and the runner's (at least one: ModelRunner's cache).
+  const double slots = static_cast<double>(o.max_running + std::max(1, padding_rows(o.max_running, records_steps))) +
+                       static_cast<double>(o.state_checkpoints);
+  const double state_bytes = slots * static_cast<double>(state_slot_bytes(s));
   const double budget = static_cast<double>(free_bytes) * o.memory_fraction - state_bytes;
   QINFER_CHECK(budget >= 2 * block_bytes,
                "engine: {:.2f} GB of free device memory x memory fraction {} leaves no room for the KV cache after "
@@ -138,10 +162,12 @@ struct Engine::Impl {
         tokenizer(tokenizer),
         options(options),
         blocks(options.kv_blocks, options.block_size,
-               model.cache_shape().linear_layers > 0 ? options.max_running : 0, options.prefix_caching),
-        scheduler({options.max_running, options.step_token_budget}, blocks),
-        runner(model, {options.kv_blocks, options.block_size, blocks.total_slots(), options.max_running,
-                       options.max_context, tokenizer.vocab_size()}) {}
+               model.cache_shape().linear_layers > 0 ? options.max_running : 0, options.prefix_caching,
+               options.state_checkpoints),
+        scheduler({options.max_running, options.step_token_budget, options.state_checkpoint_interval}, blocks),
+        runner(model, {options.kv_blocks, options.block_size, blocks.total_slots() + blocks.total_checkpoints(),
+                       options.max_running, options.max_context, tokenizer.vocab_size()}),
+        slot_bytes(static_cast<double>(state_slot_bytes(model.cache_shape()))) {}
 
   void validate(const RequestParams& p) const;
   void model_loop();
@@ -163,6 +189,7 @@ struct Engine::Impl {
   BlockManager blocks;
   Scheduler scheduler;
   ModelRunner runner;
+  double slot_bytes;
 
   // Shared by every thread: under mu.
   mutable std::mutex mu;
@@ -325,7 +352,7 @@ void Engine::Impl::step() {
 void Engine::Impl::end_request(uint64_t id, const std::string& reason, const std::string& error) {
   auto it = requests.find(id);
   if (it == requests.end()) return;
-  scheduler.finish(id);
+  scheduler.finish(id, -1, /*keep_cache=*/reason != "error");
   Output out;
   out.ended = it->second;
   out.reason = reason;
@@ -353,6 +380,12 @@ void Engine::Impl::publish() {
   s.kv_blocks_cached = blocks.cached_blocks();
   s.prefix_reused_tokens_total = c.reused_tokens;
   s.prefix_evictions_total = blocks.evictions();
+  s.prefix_hits_total = c.prefix_hits;
+  s.prefix_misses_total = c.prefix_misses;
+  s.state_checkpoints_total = blocks.total_checkpoints();
+  s.state_checkpoints_cached = blocks.attached_checkpoints();
+  s.state_checkpoint_evictions_total = blocks.checkpoint_evictions();
+  s.state_checkpoint_bytes = static_cast<double>(s.state_checkpoints_cached) * slot_bytes;
   s.state_slots_total = blocks.total_slots();
   s.state_slots_used = blocks.used_slots();
   std::lock_guard lock(mu);

@@ -34,14 +34,25 @@ struct EngineOptions {
   int32_t max_waiting = 256;     // queued requests beyond which submit() refuses (HTTP 429)
   int32_t step_token_budget = 2048;  // tokens one forward may carry (decodes first, then prefill chunks)
   int64_t max_context = 0;       // prompt + completion limit per sequence (0: the model's max positions)
-  // Keep computed blocks for later requests that share their prefix (BlockManager; models without
-  // recurrent state: the others compute every prompt whole).
+  // Keep computed blocks for later requests that share their prefix (BlockManager).
   bool prefix_caching = true;
+  // Models with recurrent state: memory (GB) for checkpoints of the state, which a reused prefix
+  // starts from (-1: a tenth of what the KV cache may take on a device, 0.25 in host memory; 0:
+  // none, and such a model reuses nothing), and the tokens between a long prefill's checkpoints (a
+  // multiple of block_size; 0: none between).
+  double state_checkpoint_gb = -1;
+  int32_t state_checkpoint_interval = 1024;
+  int64_t state_checkpoints = 0;  // resolved: the checkpoint slots those GB hold (at most one per
+                                  // block and one per running sequence), 0 without state
 };
 
+// One sequence's recurrent state (every linear-attention layer of one rank), in bytes.
+uint64_t state_slot_bytes(const CacheShape& shape);
+
 // KV blocks that fit `free_bytes` × o.memory_fraction after the recurrent states of o.max_running
-// sequences and of the padding rows of decode steps (`records_steps`: the backend records them, and
-// pads to the recorded batch sizes); throws when not even one block does.
+// sequences, of o.state_checkpoints checkpoints and of the padding rows of decode steps
+// (`records_steps`: the backend records them, and pads to the recorded batch sizes); throws when
+// not even one block does.
 int64_t kv_blocks_in_memory(const CacheShape& shape, const EngineOptions& o, uint64_t free_bytes, bool records_steps);
 
 struct RequestParams {
@@ -83,6 +94,10 @@ struct EngineStats {
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
   int64_t kv_blocks_cached = 0;  // in the prefix cache, held or not (unheld ones count as free)
   int64_t prefix_reused_tokens_total = 0, prefix_evictions_total = 0;
+  int64_t prefix_hits_total = 0, prefix_misses_total = 0;  // admissions that reused tokens, or none
+  // Checkpoints of recurrent state: slots, those attached to cached blocks (and their bytes), evicted.
+  int64_t state_checkpoints_total = 0, state_checkpoints_cached = 0, state_checkpoint_evictions_total = 0;
+  double state_checkpoint_bytes = 0;
   int64_t state_slots_total = 0, state_slots_used = 0;
   int64_t prompt_tokens_total = 0, completion_tokens_total = 0;
   int64_t preemptions_total = 0;

@@ -104,23 +104,25 @@ double ModelRunner::record_decode_steps() {
   return seconds;
 }
 
-ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs) {
+ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs, bool all_rows) {
   model_.ops().begin_device_timing();
-  Result result = run_step(plan, logprobs);
+  Result result = run_step(plan, logprobs, all_rows);
   result.device_seconds = model_.ops().end_device_timing();
   return result;
 }
 
-ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs) {
-  for (const auto& [from, to] : plan.copy_slots) cache_.copy_slot(from, to);
-  // After the copies: a slot freed by a fork's parent may be handed out again in the same plan.
-  for (const int32_t slot : plan.zero_slots) cache_.zero_slot(slot);
+ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, bool all_rows) {
+  // In the scheduler's order: a slot a fork's parent copied from may be handed out again and zeroed.
+  for (const StepPlan::SlotWork& w : plan.slot_work) {
+    if (w.from < 0) cache_.zero_slot(w.to);
+    else cache_.copy_slot(w.from, w.to);
+  }
 
   // A decode step is padded up to the next recorded batch size and block-table width, whose graph then
   // replays; one whose contexts are too long for the widest runs as is, unrecorded.
   size_t rows = plan.chunks.size();
   int32_t width = 0;
-  if (records_ && plan.decode_only()) {
+  if (records_ && plan.decode_only() && !all_rows) {
     const auto bucket = std::lower_bound(buckets_.begin(), buckets_.end(), static_cast<int32_t>(rows));
     QINFER_CHECK(bucket != buckets_.end(), "model runner: a decode step of {} sequences, past the largest batch {}",
                  rows, buckets_.back());
@@ -138,7 +140,7 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs) {
     const Sequence& s = *c.sequence;
     views.push_back(s.cache);
     const auto begin = s.tokens.begin() + s.cache.cached;
-    batch.sequences.push_back({std::vector<int32_t>(begin, begin + c.tokens), &views.back(), false});
+    batch.sequences.push_back({std::vector<int32_t>(begin, begin + c.tokens), &views.back(), all_rows});
   }
   for (size_t i = 0; views.size() < rows; ++i) {
     views.push_back(padding_.at(i));
@@ -147,7 +149,11 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs) {
   batch.block_table_width = width;
   batch.may_record = width > 0;
   Ops& ops = model_.ops();
-  const Tensor logits = text_logits(ops, model_.forward(batch, cache_), options_.text_vocab);
+  const Tensor raw = model_.forward(batch, cache_);
+  for (const StepPlan::Chunk& c : plan.chunks)
+    if (c.save_to >= 0) cache_.copy_slot(c.sequence->cache.slot, c.save_to);  // the state after this step
+  if (all_rows) return prompt_rows(plan, to_host(ops, raw));
+  const Tensor logits = text_logits(ops, raw, options_.text_vocab);
 
   // Rows that do not sample (prefill chunks, padding) take the cheap greedy pick.
   std::vector<SamplingParams> params(rows);
@@ -175,6 +181,20 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs) {
       std::copy_n(host.ptr<float>() + static_cast<int64_t>(sampling[i]) * vocab, vocab,
                   result.logits.ptr<float>() + static_cast<int64_t>(i) * vocab);
   }
+  return result;
+}
+
+ModelRunner::Result ModelRunner::prompt_rows(const StepPlan& plan, Tensor rows) const {
+  Result result;
+  const int64_t vocab = rows.dim(1), text = std::min(vocab, options_.text_vocab);
+  int64_t row = 0;
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    row += c.tokens;
+    if (!c.samples) continue;
+    const float* last = rows.ptr<float>() + (row - 1) * vocab;
+    result.ids.push_back(static_cast<int32_t>(std::max_element(last, last + text) - last));
+  }
+  result.rows = std::move(rows);
   return result;
 }
 

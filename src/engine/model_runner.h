@@ -21,8 +21,8 @@ Tensor text_logits(Ops& ops, const Tensor& logits, int64_t text_vocab);
 struct RunnerOptions {
   int64_t kv_blocks = 0;      // the block manager's blocks (the runner adds one scratch block)
   int32_t block_size = 16;
-  int64_t state_slots = 0;    // the block manager's slots (0: no recurrent state; else the runner adds
-                              // decode_padding(max_batch) scratch slots)
+  int64_t state_slots = 0;    // the block manager's slots, its checkpoints' included (0: no recurrent
+                              // state; else the runner adds decode_padding(max_batch) scratch slots)
   int32_t max_batch = 1;      // the largest decode batch (the scheduler's max_running)
   int64_t max_context = 0;    // tokens per sequence: the widest block table of a recorded decode step
   int64_t text_vocab = 0;     // logits columns that are text (text_logits)
@@ -56,13 +56,20 @@ class ModelRunner {
     std::vector<int32_t> ids;  // one per sampling chunk, in plan order
     Tensor logits;             // with `logprobs`: host f32 [sampling chunks, text vocab], raw (for logprobs)
     std::optional<double> device_seconds;  // the step's time on the device (Ops::end_device_timing)
+    // With all_rows: host f32 [plan tokens, vocab], the logits of every position of every chunk in
+    // plan order (raw: every column of the model's vocabulary).
+    Tensor rows;
   };
-  // Applies the plan's slot work, runs its forward and samples each sampling chunk's row (its seeded
-  // draw at step = tokens generated so far).
-  Result run(const StepPlan& plan, bool logprobs);
+  // Applies the plan's slot work, runs its forward, saves the checkpoints it asks for and samples
+  // each sampling chunk's row (its seeded draw at step = tokens generated so far). `all_rows`: the
+  // logits of every position too (prompt evaluation), from an unpadded, unrecorded step, and each
+  // sampling chunk takes its greedy pick (lowest id on ties) instead of sampling.
+  Result run(const StepPlan& plan, bool logprobs, bool all_rows = false);
 
  private:
-  Result run_step(const StepPlan& plan, bool logprobs);
+  Result run_step(const StepPlan& plan, bool logprobs, bool all_rows);
+  // The all_rows result: `rows` as they came, each sampling chunk's greedy pick from its last row.
+  Result prompt_rows(const StepPlan& plan, Tensor rows) const;
 
   models::Runner& model_;
   RunnerOptions options_;

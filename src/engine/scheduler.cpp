@@ -24,6 +24,9 @@ bool StepPlan::decode_only() const {
 
 Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks) : config_(config), blocks_(blocks) {
   QINFER_CHECK(config.max_running > 0, "scheduler: max_running must be positive, got {}", config.max_running);
+  QINFER_CHECK(config.checkpoint_interval >= 0 && config.checkpoint_interval % blocks.block_size() == 0,
+               "scheduler: checkpoint_interval ({}) must be a multiple of the block size ({})",
+               config.checkpoint_interval, blocks.block_size());
   QINFER_CHECK(config.step_token_budget >= config.max_running,
                "scheduler: step_token_budget ({}) must be at least max_running ({}) so that every running "
                "sequence can decode in each step",
@@ -39,7 +42,17 @@ void Scheduler::add(std::unique_ptr<Sequence> sequence) {
 }
 
 void Scheduler::hold(Sequence& s, int64_t tokens) {
-  if (blocks_.hold(s.cache, tokens)) pending_zero_slots_.push_back(s.cache.slot);
+  if (blocks_.hold(s.cache, tokens)) pending_slot_work_.push_back({-1, s.cache.slot});
+}
+
+void Scheduler::let_go(Sequence& s, bool keep_cache) {
+  if (s.rolling >= 0) {
+    if (keep_cache && s.rolling_blocks > 0) blocks_.attach_checkpoint(s.cache, s.rolling_blocks, s.rolling, true);
+    else blocks_.drop_checkpoint(s.rolling, true);
+    s.rolling = -1;
+    s.rolling_blocks = 0;
+  }
+  blocks_.release(s.cache);
 }
 
 Sequence* Scheduler::youngest_running() {
@@ -73,17 +86,52 @@ void Scheduler::admit() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     Sequence& admitted = *running_.back();
-    if (admitted.forks > 0 && admitted.fork_at == admitted.cache.cached) fork(admitted, nullptr);
+    if (admitted.forks > 0 && admitted.fork_at == admitted.cache.cached) fork(admitted);
   }
 }
 
 void Scheduler::reuse_prefix(Sequence& s) {
+  if (!blocks_.prefix_caching()) return;
   // Whole cached blocks, leaving at least the last token to compute (its logits are the next pick).
   const int64_t most = (static_cast<int64_t>(s.tokens.size()) - 1) / blocks_.block_size();
-  s.cache.blocks = blocks_.match(s.tokens, most);
+  BlockManager::Match m = blocks_.match(s.tokens, most);
+  s.cache.blocks = std::move(m.blocks);
   s.cache.cached = static_cast<int32_t>(s.cache.blocks.size()) * blocks_.block_size();
+  if (m.checkpoint >= 0) {
+    blocks_.take_slot(s.cache);
+    pending_slot_work_.push_back({m.checkpoint, s.cache.slot});
+  }
+  if (checkpoints()) {
+    s.junction_blocks = m.path_blocks > static_cast<int64_t>(s.cache.blocks.size()) ? std::min(m.path_blocks, most) : 0;
+    s.end_blocks = most;
+  }
   s.cached_prompt_tokens = std::max(s.cached_prompt_tokens, std::min(s.cache.cached, s.prompt_tokens));
   reused_tokens_ += s.cache.cached;
+  (s.cache.cached > 0 ? hits_ : misses_) += 1;
+}
+
+int64_t Scheduler::next_checkpoint(const Sequence& s) const {
+  const int64_t bs = blocks_.block_size(), cached = s.cache.cached;
+  int64_t next = 0;
+  auto consider = [&](int64_t at) {
+    if (at > cached && (next == 0 || at < next)) next = at;
+  };
+  consider(s.junction_blocks * bs);
+  consider(s.end_blocks * bs);
+  if (config_.checkpoint_interval > 0) consider((cached / config_.checkpoint_interval + 1) * config_.checkpoint_interval);
+  return next;
+}
+
+void Scheduler::plan_checkpoint(Sequence& s, int64_t end, StepPlan::Chunk& chunk) {
+  const int64_t bs = blocks_.block_size();
+  if (end % bs != 0 || s.cache.slot < 0) return;
+  if (end == next_checkpoint(s)) {
+    chunk.save_to = blocks_.take_checkpoint(false);
+    chunk.keep = true;
+    return;
+  }
+  if (s.rolling < 0) s.rolling = blocks_.take_checkpoint(true);
+  chunk.save_to = s.rolling;
 }
 
 StepPlan Scheduler::schedule() {
@@ -96,6 +144,7 @@ StepPlan Scheduler::schedule() {
       Sequence& s = *running_[i];
       if (s.status != Sequence::Status::running || s.uncached() != 1 || !make_room(s)) continue;
       plan.chunks.push_back({&s, 1, true});
+      if (checkpoints()) plan_checkpoint(s, s.cache.cached + 1, plan.chunks.back());
       --budget;
     }
     // Then prefill chunks, oldest first, as far as the budget and the free blocks go.
@@ -104,12 +153,15 @@ StepPlan Scheduler::schedule() {
       if (s.status != Sequence::Status::running || s.uncached() <= 1) continue;
       int64_t chunk = std::min<int64_t>(s.uncached(), budget);
       if (s.forks > 0) chunk = std::min<int64_t>(chunk, s.fork_at - s.cache.cached);  // branch at fork_at
+      if (checkpoints())
+        if (const int64_t at = next_checkpoint(s); at > 0) chunk = std::min<int64_t>(chunk, at - s.cache.cached);
       const int64_t room =
           (static_cast<int64_t>(s.cache.blocks.size()) + blocks_.free_blocks()) * blocks_.block_size() - s.cache.cached;
       chunk = std::min(chunk, room);
       if (chunk <= 0 || !blocks_.can_hold(s.cache, s.cache.cached + chunk)) continue;
       hold(s, s.cache.cached + chunk);
       plan.chunks.push_back({&s, static_cast<int32_t>(chunk), chunk == s.uncached()});
+      if (checkpoints()) plan_checkpoint(s, s.cache.cached + chunk, plan.chunks.back());
       budget -= chunk;
     }
     if (!plan.chunks.empty()) break;
@@ -119,8 +171,7 @@ StepPlan Scheduler::schedule() {
     preempt(*youngest);
   }
   requeue_preempted();
-  plan.zero_slots = std::exchange(pending_zero_slots_, {});
-  plan.copy_slots = std::exchange(pending_copy_slots_, {});
+  plan.slot_work = std::exchange(pending_slot_work_, {});
   return plan;
 }
 
@@ -136,7 +187,7 @@ bool Scheduler::make_room(Sequence& s) {
 }
 
 void Scheduler::preempt(Sequence& s) {
-  blocks_.release(s.cache);
+  let_go(s);
   s.status = Sequence::Status::waiting;
   ++preemptions_;
 }
@@ -149,7 +200,7 @@ void Scheduler::requeue_preempted() {
   for (auto it = preempted.rbegin(); it != preempted.rend(); ++it) waiting_.push_front(std::move(*it));
 }
 
-void Scheduler::fork(Sequence& parent, std::vector<std::pair<int32_t, int32_t>>* copies) {
+void Scheduler::fork(Sequence& parent) {
   const int32_t forks = parent.forks;
   parent.forks = 0;
   for (int32_t c = 1; c <= forks; ++c) {
@@ -166,7 +217,8 @@ void Scheduler::fork(Sequence& parent, std::vector<std::pair<int32_t, int32_t>>*
       // Whole blocks only: the tail after fork_at goes to each choice's own new block.
       s->cache = blocks_.fork(parent.cache, parent.fork_at);
       s->cached_prompt_tokens = parent.fork_at;
-      if (s->cache.slot >= 0 && copies) copies->emplace_back(parent.cache.slot, s->cache.slot);
+      // A parent with no slot yet has computed nothing; the branch's slot is zeroed when it holds.
+      if (s->cache.slot >= 0 && parent.cache.slot >= 0) pending_slot_work_.push_back({parent.cache.slot, s->cache.slot});
     }
     running_.push_back(std::move(s));
   }
@@ -182,7 +234,12 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     const int32_t before = s.cache.cached;
     s.cache.cached += chunk.tokens;
     blocks_.publish(s.cache, s.tokens, before);  // the blocks this chunk filled
-    if (s.forks > 0 && s.cache.cached == s.fork_at) fork(s, &pending_copy_slots_);
+    if (chunk.save_to >= 0) {
+      const int64_t saved = s.cache.cached / blocks_.block_size();
+      if (chunk.keep) blocks_.attach_checkpoint(s.cache, saved, chunk.save_to, false);
+      else s.rolling_blocks = saved;
+    }
+    if (s.forks > 0 && s.cache.cached == s.fork_at) fork(s);
     if (!chunk.samples) continue;
     const int32_t token = sampled[static_cast<size_t>(row)];
     SampledToken t{s.request, s.choice, token, row++};
@@ -194,7 +251,7 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     else if (s.generated() >= limits.max_tokens || static_cast<int64_t>(s.tokens.size()) >= limits.max_context)
       t.finish_reason = "length";
     if (!t.finish_reason.empty()) {
-      blocks_.release(s.cache);
+      let_go(s);
       s.status = Sequence::Status::finished;
     }
     out.push_back(std::move(t));
@@ -203,11 +260,11 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
   return out;
 }
 
-std::vector<int32_t> Scheduler::finish(uint64_t request, int32_t choice) {
+std::vector<int32_t> Scheduler::finish(uint64_t request, int32_t choice, bool keep_cache) {
   std::vector<int32_t> ended;
   auto matches = [&](const Sequence& s) { return s.request == request && (choice < 0 || s.choice == choice); };
   auto end = [&](Sequence& s) {
-    blocks_.release(s.cache);
+    let_go(s, keep_cache);
     s.status = Sequence::Status::finished;
     ended.push_back(s.choice);
     // Choices not yet branched off end with their parent.
@@ -246,7 +303,8 @@ std::vector<uint64_t> Scheduler::requests() const {
 }
 
 SchedulerCounts Scheduler::counts() const {
-  return {static_cast<int64_t>(running_.size()), static_cast<int64_t>(waiting_.size()), preemptions_, reused_tokens_};
+  return {static_cast<int64_t>(running_.size()), static_cast<int64_t>(waiting_.size()), preemptions_, reused_tokens_,
+          hits_, misses_};
 }
 
 }  // namespace qinfer::engine

@@ -18,6 +18,13 @@
 // - With a prefix cache (BlockManager), an admitted sequence (a preempted one too) starts from the
 //   longest cached path of whole blocks its tokens spell, short of its last token; every block a
 //   step fills is published to the cache.
+// - A model with recurrent state starts there only from a checkpoint of the state (its slot is a
+//   copy of it) and saves checkpoints as it goes: a prefill chunk ends, and saves one, where the
+//   cached path it followed went on past the checkpoint it started from (the junction), at every
+//   multiple of checkpoint_interval tokens, and after its last whole block before its last token.
+//   Each step that ends a sequence's tokens on any other block boundary overwrites its rolling
+//   checkpoint, which is attached when it finishes or is preempted (the next turn of a
+//   conversation, or its own recompute, resumes there).
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -33,6 +40,7 @@ namespace qinfer::engine {
 struct SchedulerConfig {
   int32_t max_running = 64;          // sequences in the running set (decoding or prefilling)
   int32_t step_token_budget = 2048;  // tokens one forward may carry; at least max_running
+  int32_t checkpoint_interval = 0;   // tokens between a prefill's state checkpoints (0: none between)
 };
 
 // One forward: each chunk reads tokens [cache.cached, cache.cached + tokens) of its sequence.
@@ -41,11 +49,18 @@ struct StepPlan {
     Sequence* sequence = nullptr;
     int32_t tokens = 0;
     bool samples = false;  // the chunk ends the sequence's uncached tokens: a token is sampled from it
+    // After the forward, the sequence's state is saved into this checkpoint slot (-1: not).
+    int32_t save_to = -1;
+    bool keep = false;  // attached at once (else it is the sequence's rolling checkpoint)
   };
   std::vector<Chunk> chunks;  // the decodes first, then the prefill chunks
-  // Before the forward: fresh slots to zero, and (from, to) slot copies of forks' recurrent state.
-  std::vector<int32_t> zero_slots;
-  std::vector<std::pair<int32_t, int32_t>> copy_slots;
+  // Before the forward, in order: slots to zero (from -1) and copies of recurrent state from one
+  // slot into another (a fork's branch, a sequence starting from a checkpoint).
+  struct SlotWork {
+    int32_t from = -1, to = -1;
+    bool operator==(const SlotWork&) const = default;
+  };
+  std::vector<SlotWork> slot_work;
 
   bool empty() const { return chunks.empty(); }
   int32_t sampled_rows() const;
@@ -69,6 +84,7 @@ struct SchedulerCounts {
   int64_t running = 0, waiting = 0;  // sequences
   int64_t preemptions = 0;
   int64_t reused_tokens = 0;  // tokens admitted sequences took from the prefix cache instead of computing
+  int64_t prefix_hits = 0, prefix_misses = 0;  // admissions (with a prefix cache) that reused tokens, or none
 };
 
 class Scheduler {
@@ -85,7 +101,8 @@ class Scheduler {
   // Ends a request's sequences (every choice) or one choice of it, wherever they are (cancelled, failed,
   // stopped by a stop string); their blocks and slots are free afterwards. Returns the choices it ended
   // (none when the request is unknown): the engine tells their sinks why.
-  std::vector<int32_t> finish(uint64_t request, int32_t choice = -1);
+  // `keep_cache` false: their caches may be half-written (a failed step), and leave nothing behind.
+  std::vector<int32_t> finish(uint64_t request, int32_t choice = -1, bool keep_cache = true);
   // The requests with a chunk in `plan`, each once.
   static std::vector<uint64_t> requests_of(const StepPlan& plan);
 
@@ -101,8 +118,15 @@ class Scheduler {
   void preempt(Sequence& s);
   // Branches parent's forks off; their state copies go to `copies` (none: at admission, where a
   // parent with state has computed nothing yet).
-  void fork(Sequence& parent, std::vector<std::pair<int32_t, int32_t>>* copies);
+  void fork(Sequence& parent);
   void hold(Sequence& s, int64_t tokens);
+  // Where a step taking `s` to `end` tokens saves its state (the chunk's save_to and keep).
+  void plan_checkpoint(Sequence& s, int64_t end, StepPlan::Chunk& chunk);
+  // The first position past `cached` where s's prefill keeps a checkpoint (0: none).
+  int64_t next_checkpoint(const Sequence& s) const;
+  bool checkpoints() const { return blocks_.total_checkpoints() > 0; }
+  // Releases s's blocks and slot, attaching its rolling checkpoint first (unless `keep_cache` is false).
+  void let_go(Sequence& s, bool keep_cache = true);
   Sequence* youngest_running();
   void requeue_preempted();
 
@@ -110,10 +134,9 @@ class Scheduler {
   BlockManager& blocks_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: the last is the youngest
-  // Slot work owed to the next plan: fresh slots to zero, forks' state copies.
-  std::vector<int32_t> pending_zero_slots_;
-  std::vector<std::pair<int32_t, int32_t>> pending_copy_slots_;
-  int64_t preemptions_ = 0, reused_tokens_ = 0;
+  // Slot work owed to the next plan, in order: fresh slots to zero, state copies.
+  std::vector<StepPlan::SlotWork> pending_slot_work_;
+  int64_t preemptions_ = 0, reused_tokens_ = 0, hits_ = 0, misses_ = 0;
 };
 
 }  // namespace qinfer::engine

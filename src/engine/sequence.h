@@ -30,6 +30,13 @@ struct Sequence {
   // whole blocks before the last prompt token), sharing those blocks and a copy of the recurrent state.
   int32_t forks = 0, fork_at = 0;
   int32_t cached_prompt_tokens = 0;  // prompt tokens this choice did not compute itself
+  // Checkpoints of the recurrent state (a model with state, with a prefix cache): the whole blocks
+  // after which its prefill saves one for good (where the cached path it followed goes on without
+  // a checkpoint: the junction; its last whole block before its last token), and the checkpoint it
+  // overwrites at each block boundary it reaches after those, attached when it lets go of its blocks.
+  int64_t junction_blocks = 0, end_blocks = 0;
+  int32_t rolling = -1;
+  int64_t rolling_blocks = 0;
   Status status = Status::waiting;
 
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_tokens; }

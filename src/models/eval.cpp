@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -10,13 +11,15 @@ namespace qinfer::models {
 EvalMode parse_eval_mode(const std::string& text) {
   if (text == "prefill") return {EvalMode::prefill, 0};
   if (text == "decode") return {EvalMode::decode, 1};
-  if (text.starts_with("chunked:")) {
-    const std::string n = text.substr(8);
+  for (const auto& [prefix, kind, what] : {std::tuple("chunked:", EvalMode::chunked, "the chunk size"),
+                                            std::tuple("cached:", EvalMode::cached, "the cached length")}) {
+    if (!text.starts_with(prefix)) continue;
+    const std::string n = text.substr(std::strlen(prefix));
     QINFER_CHECK(!n.empty() && n.size() < 9 && std::all_of(n.begin(), n.end(), ::isdigit) && std::stoi(n) > 0,
-                 "--mode {}: the chunk size must be a positive integer", text);
-    return {EvalMode::chunked, std::stoi(n)};
+                 "--mode {}: {} must be a positive integer", text, what);
+    return {kind, std::stoi(n)};
   }
-  fail("--mode {}: expected prefill, decode or chunked:N", text);
+  fail("--mode {}: expected prefill, decode, chunked:N or cached:N", text);
 }
 
 ModelCache make_cache(const Model& model, int64_t tokens, int64_t sequences) {
@@ -26,6 +29,7 @@ ModelCache make_cache(const Model& model, int64_t tokens, int64_t sequences) {
 Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, EvalMode mode,
                      const std::function<void(const std::string&, const Tensor&)>& dump) {
   QINFER_CHECK(!prompt.empty(), "the prompt is empty");
+  QINFER_CHECK(mode.kind != EvalMode::cached, "prompt_logits: cached mode runs through the engine (cached_prompt_logits)");
   const int64_t L = static_cast<int64_t>(prompt.size()), V = model.config().vocab_size;
   ModelCache cache = make_cache(model, L);
   SequenceCache seq = cache.sequence(0);

@@ -9,12 +9,13 @@
 namespace qinfer::models {
 
 // prefill: the whole prompt in one forward; decode: one token per forward through the cache;
-// chunked: the prompt in chunks of `chunk` tokens.
+// chunked: the prompt in chunks of `chunk` tokens; cached: through the engine's prefix cache, after
+// an earlier request of the first `chunk` ids (engine/cached_logits.h; prompt_logits refuses it).
 struct EvalMode {
-  enum Kind { prefill, decode, chunked } kind = prefill;
+  enum Kind { prefill, decode, chunked, cached } kind = prefill;
   int32_t chunk = 0;
 };
-EvalMode parse_eval_mode(const std::string& text);  // "prefill" | "decode" | "chunked:N"
+EvalMode parse_eval_mode(const std::string& text);  // "prefill" | "decode" | "chunked:N" | "cached:N"
 
 // A cache big enough for `tokens` tokens in each of `sequences` sequences.
 ModelCache make_cache(const Model& model, int64_t tokens, int64_t sequences = 1);

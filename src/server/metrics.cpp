@@ -72,6 +72,22 @@ std::string Metrics::render(const engine::EngineStats& s) const {
         static_cast<double>(s.prefix_reused_tokens_total));
   gauge(out, "qinfer_prefix_cache_evictions_total", "counter", "Cached KV blocks evicted to make room.",
         static_cast<double>(s.prefix_evictions_total));
+  gauge(out, "qinfer_prefix_cache_hits_total", "counter", "Admitted sequences that reused cached prompt tokens.",
+        static_cast<double>(s.prefix_hits_total));
+  gauge(out, "qinfer_prefix_cache_misses_total", "counter", "Admitted sequences that computed their prompt whole.",
+        static_cast<double>(s.prefix_misses_total));
+  gauge(out, "qinfer_computed_prompt_tokens_total", "counter",
+        "Prompt tokens computed (prompt tokens less those reused from the prefix cache).",
+        static_cast<double>(std::max<int64_t>(0, s.prompt_tokens_total - s.prefix_reused_tokens_total)));
+  gauge(out, "qinfer_state_checkpoints_total", "gauge", "Checkpoint slots for recurrent state (hybrid models).",
+        static_cast<double>(s.state_checkpoints_total));
+  gauge(out, "qinfer_state_checkpoints_cached", "gauge", "Recurrent-state checkpoints attached to cached blocks.",
+        static_cast<double>(s.state_checkpoints_cached));
+  gauge(out, "qinfer_state_checkpoint_bytes", "gauge", "Bytes of the recurrent-state checkpoints attached to cached blocks.",
+        s.state_checkpoint_bytes);
+  gauge(out, "qinfer_state_checkpoint_evictions_total", "counter",
+        "Recurrent-state checkpoints evicted to make room for new ones.",
+        static_cast<double>(s.state_checkpoint_evictions_total));
   gauge(out, "qinfer_kv_cache_usage_ratio", "gauge", "Fraction of KV-cache blocks in use.",
         s.kv_blocks_total > 0 ? static_cast<double>(s.kv_blocks_used) / s.kv_blocks_total : 0.0);
   gauge(out, "qinfer_state_slots_total", "gauge", "Recurrent-state slots.", static_cast<double>(s.state_slots_total));

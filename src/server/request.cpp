@@ -157,6 +157,7 @@ void parse_common(const json& body, const SamplingParams& defaults, const Reques
   }
   if (const json* v = get(body, "user")) string(*v, "user");
   if (const json* v = get(body, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");
+  if (const json* v = get(body, "return_token_ids")) r.return_token_ids = boolean(*v, "return_token_ids");
   refuse_unsupported(body);
 }
 

@@ -33,6 +33,9 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   int32_t top_logprobs = -1;  // -1: no logprobs
   bool ignore_eos = false;    // vLLM's extension: generate max_tokens whatever the model's end token
+  // vLLM's extension: the response carries the prompt's token ids and each choice's generated ids
+  // (a final stop id left out), streamed chunk by chunk as well.
+  bool return_token_ids = false;
 };
 
 enum class ToolChoice { none, automatic, required, named };

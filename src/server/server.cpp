@@ -67,6 +67,8 @@ struct ChoiceState {
   std::vector<std::string> call_ids;  // streamed calls' ids by index
   json logprobs;                      // chat: array of entries; completions: the columns object
   int64_t text_offset = 0;
+  json token_ids = json::array();     // with return_token_ids
+  bool sent_prompt_ids = false;       // streamed: a completion choice's first chunk carried them
 };
 
 }  // namespace
@@ -115,6 +117,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
         include_usage_(r.include_usage),
         n_(r.n),
         logprobs_(r.top_logprobs >= 0),
+        token_ids_(r.return_token_ids),
         arrival_(Clock::now()),
         choices_(prompts * r.n),
         cached_(prompts, 0) {
@@ -130,6 +133,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   void submit(std::vector<engine::RequestParams> params) {
     for (size_t i = 0; i < params.size(); ++i) {
       prompt_tokens_ += static_cast<int64_t>(params[i].prompt.size());
+      if (token_ids_) prompt_ids_.push_back(params[i].prompt);
       const int offset = static_cast<int>(i) * n_;
       auto self = shared_from_this();
       std::optional<uint64_t> id;
@@ -201,8 +205,11 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   std::string opening() const {
     std::string out;
     if (endpoint_ == Endpoint::chat)
-      for (size_t i = 0; i < choices_.size(); ++i)
-        out += sse_event(chat_chunk(header_, static_cast<int>(i), {{"role", "assistant"}, {"content", ""}}, ""));
+      for (size_t i = 0; i < choices_.size(); ++i) {
+        json chunk = chat_chunk(header_, static_cast<int>(i), {{"role", "assistant"}, {"content", ""}}, "");
+        if (token_ids_ && i == 0) chunk["prompt_token_ids"] = prompt_ids_.at(0);
+        out += sse_event(chunk);
+      }
     return out;
   }
 
@@ -228,14 +235,18 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
                            {"text", c.text},
                            {"logprobs", logprobs_ ? c.logprobs : json(nullptr)},
                            {"finish_reason", c.finish_reason}});
+        if (token_ids_) choices.back()["prompt_token_ids"] = prompt_ids_.at(i / static_cast<size_t>(n_));
       }
+      if (token_ids_) choices.back()["token_ids"] = c.token_ids;
     }
-    return {{"id", header_.id},
-            {"object", endpoint_ == Endpoint::chat ? "chat.completion" : "text_completion"},
-            {"created", header_.created},
-            {"model", header_.model},
-            {"choices", std::move(choices)},
-            {"usage", usage_json(usage)}};
+    json out = {{"id", header_.id},
+                {"object", endpoint_ == Endpoint::chat ? "chat.completion" : "text_completion"},
+                {"created", header_.created},
+                {"model", header_.model},
+                {"choices", std::move(choices)},
+                {"usage", usage_json(usage)}};
+    if (token_ids_ && endpoint_ == Endpoint::chat) out["prompt_token_ids"] = prompt_ids_.at(0);
+    return out;
   }
 
   bool stream() const { return stream_; }
@@ -253,7 +264,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     if (c.finished) return;
     if (e.kind == engine::Event::Kind::delta) {
       observe_tokens(c, e.tokens.size(), at);
-      emit(c, e.choice, e.text, e.logprobs, "", sse);
+      emit(c, e.choice, e.text, e.logprobs, e.tokens, "", sse);
       return;
     }
     if (e.finish_reason == "error") return fail(server_error(500, "generation failed: " + e.error), sse);
@@ -264,7 +275,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     completion_tokens_ += e.completion_tokens;
     const size_t prompt = static_cast<size_t>(e.choice / n_);
     cached_[prompt] = std::max(cached_[prompt], e.cached_prompt_tokens);
-    emit(c, e.choice, e.text, e.logprobs, e.finish_reason, sse);
+    emit(c, e.choice, e.text, e.logprobs, e.tokens, e.finish_reason, sse);
     server_.metrics.count_finish(c.finish_reason);
     if (open_choices_ > 0) return;
     done_ = true;
@@ -291,8 +302,20 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
 
   // Text (and the end) of one choice, as a chunk or into the gathered response.
   void emit(ChoiceState& c, int index, const std::string& text, const std::vector<engine::TokenLogprob>& logprobs,
-            const std::string& finish, std::string* sse) {
+            const std::vector<int32_t>& tokens, const std::string& finish, std::string* sse) {
     const tokenizer::Tokenizer& tok = *server_.model.tokenizer;
+    if (token_ids_ && !sse)
+      for (const int32_t t : tokens) c.token_ids.push_back(t);
+    // A streamed chunk carries its tokens' ids (and the first of a completion choice its prompt's).
+    auto with_ids = [&](json chunk) {
+      if (!token_ids_) return chunk;
+      chunk["choices"][0]["token_ids"] = tokens;
+      if (endpoint_ == Endpoint::completion && !c.sent_prompt_ids) {
+        chunk["choices"][0]["prompt_token_ids"] = prompt_ids_.at(static_cast<size_t>(index / n_));
+        c.sent_prompt_ids = true;
+      }
+      return chunk;
+    };
     if (endpoint_ == Endpoint::completion) {
       json lp = nullptr;
       if (logprobs_) {
@@ -302,8 +325,8 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
       }
       if (!finish.empty()) c.finish_reason = finish;
       if (sse) {
-        if (!text.empty() || !finish.empty() || !logprobs.empty())
-          *sse += sse_event(completion_chunk(header_, index, text, finish, std::move(lp)));
+        if (!text.empty() || !finish.empty() || !logprobs.empty() || (token_ids_ && !tokens.empty()))
+          *sse += sse_event(with_ids(completion_chunk(header_, index, text, finish, std::move(lp))));
       } else {
         c.text += text;
       }
@@ -332,9 +355,9 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
         c.logprobs.insert(c.logprobs.end(), entries.begin(), entries.end());
     }
     if (sse) {
-      if (!delta.empty() || !finish.empty() || !logprobs.empty())
-        *sse +=
-            sse_event(chat_chunk(header_, index, chat_delta_json(delta, c.call_ids), c.finish_reason, std::move(lp)));
+      if (!delta.empty() || !finish.empty() || !logprobs.empty() || (token_ids_ && !tokens.empty()))
+        *sse += sse_event(
+            with_ids(chat_chunk(header_, index, chat_delta_json(delta, c.call_ids), c.finish_reason, std::move(lp))));
       return;
     }
     c.reasoning += delta.reasoning;
@@ -369,10 +392,12 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   const bool stream_, include_usage_;
   const int n_;
   const bool logprobs_;
+  const bool token_ids_;
   const Clock::time_point arrival_;
   ResponseHeader header_;
   std::vector<ChoiceState> choices_;
   std::vector<int64_t> cached_;  // cached prompt tokens per prompt
+  std::vector<std::vector<int32_t>> prompt_ids_;  // per prompt, with return_token_ids
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   int open_choices_ = 0;
   bool first_token_ = false;

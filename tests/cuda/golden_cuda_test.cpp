@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda/cuda_ops.h"
+#include "engine/cached_logits.h"
 #include "support/golden_reference.h"
 #include "models/eval.h"
 
@@ -73,6 +74,28 @@ TEST_P(GoldenCuda, BatchOfTwoMatchesSingleRuns) {
   };
   EXPECT_EQ(argmax(0), ref.greedy[1][1]);
   EXPECT_EQ(argmax(1), ref.greedy[2][1]);
+}
+
+// Through the prefix cache (qinfer eval --mode cached:N): N on a block boundary, inside a block and
+// N = length - 1, the reused tokens being N's whole blocks (engine/cached_logits.h).
+TEST_P(GoldenCuda, LogitsWithAPrefixFromTheCache) {
+  const std::filesystem::path dir = golden::kGolden / GetParam();
+  Checkpoint checkpoint = open_checkpoint(dir);
+  std::unique_ptr<Ops> ops = make_cuda_ops(0, Precision::exact);
+  Model model(checkpoint, *ops);
+  const golden::Reference ref = golden::load_reference(dir);
+  constexpr int64_t kBlock = 16;
+  for (size_t k = 1; k < ref.prompts.size(); ++k) {
+    const auto L = static_cast<int64_t>(ref.prompts[k].size());
+    for (const int64_t n : {kBlock, kBlock + 3, L - 1}) {
+      const engine::CachedLogits r = engine::cached_prompt_logits(model, ref.prompts[k], n, kBlock);
+      EXPECT_EQ(r.cached, n / kBlock * kBlock) << "cached:" << n << " prompt " << k;
+      const Comparison c = compare(r.logits.ptr<float>(), ref.logits[k], ref.vocab);
+      EXPECT_LE(c.relative_rms, kTolerance) << "cached:" << n << " prompt " << k;
+      EXPECT_EQ(c.argmax_mismatches, 0) << "cached:" << n << " prompt " << k;
+      RecordProperty(fmt::format("rel_rms_cached_{}_{}", n, k), fmt::format("{:.3g}", c.relative_rms));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenCuda, ::testing::ValuesIn(golden::kFixtures),

@@ -210,15 +210,18 @@ TEST_P(EngineFixture, SharedPrefixSurvivesPreemption) {
 
 // The prefix cache: a request that shares whole blocks with an earlier one (its prompt, or a prompt
 // and part of what it generated) starts from them, reports them as cached and gives the tokens of a
-// cold run; finished requests leave their blocks cached but free. qwen3_5 keeps recurrent state, so it
-// computes every prompt whole (no checkpoints of that state yet); so does an engine with the cache off.
+// cold run; finished requests leave their blocks cached but free. qwen3_5 keeps recurrent state: it
+// starts only from a checkpoint of it, and c, which leaves a's path where a kept none, computes its
+// prompt whole but keeps one at that junction, which d then starts from. With the cache off nothing
+// is reused.
 TEST_P(EngineFixture, PrefixCacheReusesWholeSharedBlocks) {
   models::Model& m = model();
   const std::vector<int32_t> a = make_prompt(30, 500);
-  std::vector<int32_t> b = a, c(a.begin(), a.begin() + 17);
+  std::vector<int32_t> b = a, c(a.begin(), a.begin() + 17), d(a.begin(), a.begin() + 18);
   for (int32_t t : make_prompt(9, 600)) b.push_back(t);
   for (int32_t t : make_prompt(6, 700)) c.push_back(t);
-  const std::vector<RequestParams> requests = {greedy(a, 8), greedy(b, 8), greedy(c, 8), greedy(b, 8)};
+  for (int32_t t : make_prompt(7, 800)) d.push_back(t);
+  const std::vector<RequestParams> requests = {greedy(a, 8), greedy(b, 8), greedy(c, 8), greedy(b, 8), greedy(d, 8)};
   std::vector<testing::Single> alone;
   for (const auto& r : requests) alone.push_back(run_alone(m, r));
   for (const bool caching : {true, false}) {
@@ -228,17 +231,22 @@ TEST_P(EngineFixture, PrefixCacheReusesWholeSharedBlocks) {
       ASSERT_TRUE(s.submit(requests[i], rec.sink(i)));
       ASSERT_TRUE(rec.wait());
     }
-    const bool reuses = caching && !recurrent();
     // b: a's 7 whole prompt blocks (its 8th mixes a's prompt with what a generated); c: the 4 whole
-    // blocks of its 17 tokens of a; b again: all but its last token's block (9 of 39 tokens' 10).
-    const std::vector<int32_t> cached = {0, 28, 16, 36};
+    // blocks of its 17 tokens of a; b again: all but its last token's block (9 of 39 tokens' 10); d:
+    // the 4 whole blocks of its 18 tokens of a.
+    const std::vector<int32_t> cached =
+        !caching ? std::vector<int32_t>(5, 0) : recurrent() ? std::vector{0, 28, 0, 36, 16} : std::vector{0, 28, 16, 36, 16};
+    int32_t reused = 0;
     for (size_t i = 0; i < requests.size(); ++i) {
       EXPECT_EQ(rec[i].tokens[0], alone[i].tokens) << "request " << i << (caching ? "" : " (cache off)");
-      EXPECT_EQ(rec[i].finished[0].cached_prompt_tokens, reuses ? cached[i] : 0) << "request " << i;
+      EXPECT_EQ(rec[i].finished[0].cached_prompt_tokens, cached[i]) << "request " << i;
+      reused += cached[i];
     }
     const EngineStats st = s.stats();
-    EXPECT_EQ(st.prefix_reused_tokens_total, reuses ? 28 + 16 + 36 : 0);
-    EXPECT_EQ(st.kv_blocks_cached > 0, reuses);
+    EXPECT_EQ(st.prefix_reused_tokens_total, reused);
+    EXPECT_EQ(st.prefix_hits_total, caching ? 4 - recurrent() : 0);
+    EXPECT_EQ(st.kv_blocks_cached > 0, caching);
+    EXPECT_EQ(st.state_checkpoints_cached > 0, caching && recurrent());
     expect_all_free(s);
   }
 }

@@ -78,18 +78,18 @@ TEST(BlockManager, PrefixCacheMatchesWholeBlocksAndEvictsLeastRecentlyUsedLeaves
   EXPECT_EQ(m.used_blocks(), 0);
   EXPECT_EQ(m.cached_blocks(), 2);
 
-  EXPECT_THAT(m.match(t, 2), ElementsAre(a_blocks[0], a_blocks[1]));
+  EXPECT_THAT(m.match(t, 2).blocks, ElementsAre(a_blocks[0], a_blocks[1]));
   EXPECT_EQ(m.refcount(a_blocks[0]), 1);
   EXPECT_EQ(m.free_blocks(), 4);
-  EXPECT_THAT(m.match(t, 1), ElementsAre(a_blocks[0])) << "at most max_blocks";
+  EXPECT_THAT(m.match(t, 1).blocks, ElementsAre(a_blocks[0])) << "at most max_blocks";
   EXPECT_EQ(m.refcount(a_blocks[0]), 2);
   SequenceCache held{{a_blocks[0], a_blocks[0], a_blocks[1]}, 8, -1};
   m.release(held);
   const std::vector<int32_t> other = {1, 2, 3, 4, 9, 9, 9, 9};
-  EXPECT_THAT(m.match(other, 2), ElementsAre(a_blocks[0])) << "the second run differs";
+  EXPECT_THAT(m.match(other, 2).blocks, ElementsAre(a_blocks[0])) << "the second run differs";
   SequenceCache b{{a_blocks[0]}, 4, -1};
   m.release(b);
-  EXPECT_TRUE(m.match({5, 6, 7, 8}, 1).empty()) << "a run is found only under its own path";
+  EXPECT_TRUE(m.match({5, 6, 7, 8}, 1).blocks.empty()) << "a run is found only under its own path";
 
   // Four fresh blocks exhaust the free list; the fifth and sixth evict the leaf, then its parent.
   SequenceCache c;
@@ -99,7 +99,7 @@ TEST(BlockManager, PrefixCacheMatchesWholeBlocksAndEvictsLeastRecentlyUsedLeaves
   m.hold(c, 20);
   EXPECT_EQ(m.evictions(), 1);
   EXPECT_EQ(c.blocks.back(), a_blocks[1]) << "the leaf goes first";
-  EXPECT_THAT(m.match(t, 2), ElementsAre(a_blocks[0])) << "its parent is still cached";
+  EXPECT_THAT(m.match(t, 2).blocks, ElementsAre(a_blocks[0])) << "its parent is still cached";
   SequenceCache d{{a_blocks[0]}, 4, -1};
   m.release(d);
   m.hold(c, 24);
@@ -110,9 +110,10 @@ TEST(BlockManager, PrefixCacheMatchesWholeBlocksAndEvictsLeastRecentlyUsedLeaves
   EXPECT_EQ(m.free_blocks(), 6);
 }
 
-// A block already cached under the same path by another block is not cached twice; a model with
-// recurrent state keeps no prefix cache at all.
-TEST(BlockManager, PrefixCacheKeepsOneBlockPerPathAndNoneWithState) {
+// A block already cached under the same path by another block is not cached twice: the second
+// sequence's copy is swapped for the cached one and freed. A model with recurrent state keeps no
+// prefix cache without checkpoints.
+TEST(BlockManager, PrefixCacheKeepsOneBlockPerPathAndNoneWithStateWithoutCheckpoints) {
   BlockManager m(8, 4, 0, true);
   const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8};
   SequenceCache a, b;
@@ -122,33 +123,97 @@ TEST(BlockManager, PrefixCacheKeepsOneBlockPerPathAndNoneWithState) {
   m.publish(a, t, 0);
   m.publish(b, t, 0);
   EXPECT_EQ(m.cached_blocks(), 2);
+  EXPECT_EQ(b.blocks, a.blocks) << "swapped for the cached blocks";
+  EXPECT_EQ(m.used_blocks(), 2) << "b's own copies are free";
+  EXPECT_EQ(m.refcount(a.blocks[0]), 2);
   m.release(a);
   m.release(b);
   EXPECT_EQ(m.free_blocks(), 8);
-  EXPECT_EQ(m.match(t, 2).size(), 2u);
+  EXPECT_EQ(m.match(t, 2).blocks.size(), 2u);
 
   BlockManager hybrid(8, 4, 2, true);
   EXPECT_FALSE(hybrid.prefix_caching());
+  EXPECT_EQ(hybrid.total_checkpoints(), 0);
   SequenceCache h;
   hybrid.hold(h, 8);
   h.cached = 8;
   hybrid.publish(h, t, 0);
   EXPECT_EQ(hybrid.cached_blocks(), 0);
   hybrid.release(h);
-  EXPECT_TRUE(hybrid.match(t, 2).empty());
+  EXPECT_TRUE(hybrid.match(t, 2).blocks.empty());
+}
+
+// With state: a match reuses the path only up to its deepest checkpoint, says how far the path went
+// on, and names the checkpoint's slot (past the sequences' slots); checkpoints go with their
+// block's eviction, the least recently used first when the pool is dry, and a rolling one may take
+// at most half the pool.
+TEST(BlockManager, CheckpointsBoundWhatAModelWithStateReuses) {
+  BlockManager m(8, 4, 2, true, 2);
+  ASSERT_TRUE(m.prefix_caching());
+  const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  SequenceCache a;
+  m.hold(a, 13);
+  a.cached = 12;
+  m.publish(a, t, 0);
+  EXPECT_EQ(m.cached_blocks(), 3);
+  EXPECT_TRUE(m.match(t, 3).blocks.empty()) << "no checkpoint yet: nothing to start from";
+  EXPECT_EQ(m.match(t, 3).path_blocks, 3);
+  const int32_t c = m.take_checkpoint(false);
+  EXPECT_EQ(c, 2) << "checkpoint slots follow the sequences' two";
+  m.attach_checkpoint(a, 1, c, false);
+  EXPECT_EQ(m.attached_checkpoints(), 1);
+  m.release(a);
+
+  BlockManager::Match hit = m.match(t, 3);
+  EXPECT_EQ(hit.blocks.size(), 1u) << "up to the checkpoint after the first block";
+  EXPECT_EQ(hit.checkpoint, c);
+  EXPECT_EQ(hit.path_blocks, 3);
+  SequenceCache b{hit.blocks, 4, -1};
+  m.release(b);
+
+  // The rolling one takes the second slot; a third (not rolling) evicts the attached one.
+  const int32_t rolling = m.take_checkpoint(true);
+  EXPECT_EQ(rolling, 3);
+  EXPECT_EQ(m.take_checkpoint(true), -1) << "rolling ones take at most half the pool";
+  EXPECT_EQ(m.take_checkpoint(false), c) << "the least recently used attached one";
+  EXPECT_EQ(m.checkpoint_evictions(), 1);
+  EXPECT_EQ(m.attached_checkpoints(), 0);
+  EXPECT_EQ(m.take_checkpoint(false), -1) << "none left: both are being written";
+  m.drop_checkpoint(rolling, true);
+  m.drop_checkpoint(c, false);
+
+  // Evicting a block frees its checkpoint.
+  SequenceCache d;
+  m.hold(d, 4);
+  d.cached = 4;
+  m.publish(d, t, 0);
+  m.attach_checkpoint(d, 1, m.take_checkpoint(false), false);
+  EXPECT_EQ(m.attached_checkpoints(), 1);
+  m.release(d);
+  SequenceCache e;
+  m.hold(e, 32);  // every block: the cached ones are evicted
+  EXPECT_EQ(m.cached_blocks(), 0);
+  EXPECT_EQ(m.attached_checkpoints(), 0);
+  m.release(e);
+  EXPECT_NE(m.take_checkpoint(false), -1);
 }
 
 // A model-free harness: requests as sequences, plans run by feeding back a token per sampling chunk.
 class Harness {
  public:
-  Harness(int64_t blocks, int32_t block_size, int64_t slots, SchedulerConfig config)
-      : blocks(blocks, block_size, slots), scheduler(config, this->blocks) {}
+  Harness(int64_t blocks, int32_t block_size, int64_t slots, SchedulerConfig config, int64_t checkpoints = 0)
+      : blocks(blocks, block_size, slots, checkpoints > 0, checkpoints), scheduler(config, this->blocks) {}
 
   void add(uint64_t id, int32_t prompt, int32_t max_tokens, int32_t n = 1, std::vector<int32_t> stop_ids = {}) {
+    add_tokens(id, std::vector<int32_t>(static_cast<size_t>(prompt), 1), max_tokens, n, std::move(stop_ids));
+  }
+  void add_tokens(uint64_t id, std::vector<int32_t> tokens, int32_t max_tokens, int32_t n = 1,
+                  std::vector<int32_t> stop_ids = {}) {
+    const auto prompt = static_cast<int32_t>(tokens.size());
     limits[id] = SequenceLimits{max_tokens, 1 << 20, std::move(stop_ids)};
     auto s = std::make_unique<Sequence>();
     s->request = id;
-    s->tokens.assign(static_cast<size_t>(prompt), 1);
+    s->tokens = std::move(tokens);
     s->prompt_tokens = prompt;
     s->limits = &limits[id];
     s->forks = n - 1;
@@ -161,7 +226,11 @@ class Harness {
     StepPlan plan = scheduler.schedule();
     last = plan;  // the chunk sizes, for the test to read (the sequences may be gone afterwards)
     chunks.clear();
-    for (const auto& c : plan.chunks) chunks.push_back({c.sequence->request, c.sequence->choice, c.tokens, c.samples});
+    saves.clear();
+    for (const auto& c : plan.chunks) {
+      chunks.push_back({c.sequence->request, c.sequence->choice, c.tokens, c.samples});
+      if (c.save_to >= 0) saves.push_back({c.sequence->cache.cached + c.tokens, c.keep});
+    }
     std::vector<int32_t> ids(static_cast<size_t>(plan.sampled_rows()), token);
     for (const SampledToken& t : scheduler.postprocess(plan, ids)) {
       ++generated[std::pair(t.request, t.choice)];
@@ -185,6 +254,7 @@ class Harness {
   std::map<uint64_t, SequenceLimits> limits;
   StepPlan last;
   std::vector<Chunk> chunks;
+  std::vector<std::pair<int32_t, bool>> saves;  // (tokens cached after the step, kept) per chunk that saves
   std::map<std::pair<uint64_t, int32_t>, int> generated;
   std::map<std::pair<uint64_t, int32_t>, std::string> finished;
 };
@@ -200,7 +270,7 @@ TEST(Scheduler, AdmissionBudgetsAndDecodesFirst) {
   EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 8, false}));
   EXPECT_EQ(h.scheduler.counts().running, 2);
   EXPECT_EQ(h.scheduler.counts().waiting, 1);
-  EXPECT_EQ(h.last.zero_slots.size(), 1u) << "request 1's new slot";
+  EXPECT_THAT(h.last.slot_work, ElementsAre(StepPlan::SlotWork{-1, 0})) << "request 1's new slot, zeroed";
   h.step();
   EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 2, true}, Harness::Chunk{2, 0, 6, false}));
   h.step();
@@ -251,9 +321,9 @@ TEST(Scheduler, ForksShareThePromptsWholeBlocks) {
   h.step();
   EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 2, true}, Harness::Chunk{1, 1, 2, true},
                                     Harness::Chunk{1, 2, 2, true}));
-  ASSERT_EQ(h.last.copy_slots.size(), 2u);
-  EXPECT_EQ(h.last.copy_slots[0].first, h.last.copy_slots[1].first) << "both copy choice 0's state";
-  EXPECT_EQ(h.last.zero_slots.size(), 0u) << "a branch's slot is copied into, not zeroed";
+  ASSERT_EQ(h.last.slot_work.size(), 2u) << "a branch's slot is copied into, not zeroed";
+  EXPECT_EQ(h.last.slot_work[0].from, h.last.slot_work[1].from) << "both copy choice 0's state";
+  EXPECT_GE(h.last.slot_work[0].from, 0);
   EXPECT_EQ(h.blocks.used_blocks(), 2 + 3) << "two shared blocks and one tail block per choice";
   h.step();
   EXPECT_EQ(h.finished.size(), 3u);
@@ -316,6 +386,93 @@ TEST(Scheduler, BadConfigIsAnError) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("step_token_budget"));
   }
+}
+
+std::vector<int32_t> iota_tokens(int32_t n, int32_t first = 100) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+// A model with state and a prefix cache: prefill chunks end where checkpoints are kept (every
+// interval, the last whole block before the last token), a decode reaching a block boundary
+// overwrites the rolling checkpoint, which is attached at the finish; the next turn of the
+// conversation starts from it with a copy of its state and computes only what is new.
+TEST(Scheduler, CheckpointsAtIntervalsPromptEndsAndFinishes) {
+  Harness h(64, 4, 2, {.max_running = 2, .step_token_budget = 32, .checkpoint_interval = 8}, 8);
+  std::vector<int32_t> turn = iota_tokens(14);
+  h.add_tokens(1, turn, 7);
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 8, false})) << "cut at the interval";
+  EXPECT_THAT(h.saves, ElementsAre(std::pair(8, true)));
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 4, false})) << "cut after the last whole block";
+  EXPECT_THAT(h.saves, ElementsAre(std::pair(12, true)));
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 2, true}));
+  EXPECT_TRUE(h.saves.empty()) << "14 tokens: no block boundary";
+  std::vector<std::vector<std::pair<int32_t, bool>>> decode_saves;
+  while (h.reason(1, 0).empty()) {
+    h.step();
+    decode_saves.push_back(h.saves);
+  }
+  // Decodes take the cache from 14 to 20 tokens: 16 is an interval's, 20 the rolling checkpoint.
+  using Saves = std::vector<std::pair<int32_t, bool>>;
+  EXPECT_THAT(decode_saves, ElementsAre(Saves{}, Saves{{16, true}}, Saves{}, Saves{}, Saves{}, Saves{{20, false}}));
+  EXPECT_EQ(h.reason(1, 0), "length");
+  EXPECT_EQ(h.blocks.attached_checkpoints(), 4) << "8, 12, 16 and, at the finish, 20";
+  EXPECT_EQ(h.blocks.used_slots(), 0);
+
+  // The next turn: the whole conversation so far (its last token was never fed back) and more.
+  for (int i = 0; i < 7; ++i) turn.push_back(7);
+  for (int32_t t : {500, 501, 502}) turn.push_back(t);
+  h.add_tokens(2, turn, 1);
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{2, 0, 4, true})) << "20 of 24 tokens cached";
+  ASSERT_EQ(h.last.slot_work.size(), 1u);
+  EXPECT_GE(h.last.slot_work[0].from, 2) << "the slot starts as a copy of the checkpoint";
+  EXPECT_EQ(h.scheduler.counts().reused_tokens, 20);
+  EXPECT_EQ(h.scheduler.counts().prefix_hits, 1);
+  EXPECT_EQ(h.scheduler.counts().prefix_misses, 1);
+}
+
+// A request that leaves a cached path past its deepest checkpoint computes from that checkpoint and
+// keeps a new one where it leaves (the junction), so the next request sharing that prefix starts there.
+TEST(Scheduler, JunctionCheckpointWhereARequestLeavesACachedPath) {
+  Harness h(64, 4, 2, {.max_running = 2, .step_token_budget = 32}, 8);
+  h.add_tokens(1, iota_tokens(22), 1);
+  h.step();
+  EXPECT_THAT(h.saves, ElementsAre(std::pair(20, true))) << "no interval: only the prompt's end";
+  h.step();
+  std::vector<int32_t> other = iota_tokens(22);
+  for (size_t i = 13; i < other.size(); ++i) other[i] = 900 + static_cast<int32_t>(i);  // leaves in block 3
+  h.add_tokens(2, other, 1);
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{2, 0, 12, false})) << "no checkpoint on the path: from 0";
+  EXPECT_THAT(h.saves, ElementsAre(std::pair(12, true))) << "the junction after three shared blocks";
+  h.step();
+  EXPECT_THAT(h.saves, ElementsAre(std::pair(20, true)));
+  h.step();
+  h.add_tokens(3, iota_tokens(16), 1);  // shares the junction
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{3, 0, 4, true})) << "12 cached, from the junction";
+  EXPECT_EQ(h.scheduler.counts().reused_tokens, 12);
+  EXPECT_EQ(h.blocks.used_blocks(), 0);
+}
+
+// A preempted sequence with state gives its rolling checkpoint to the cache and resumes from it.
+TEST(Scheduler, PreemptedSequenceResumesFromItsCheckpoint) {
+  Harness h(7, 4, 2, {.max_running = 2, .step_token_budget = 32}, 8);
+  h.add_tokens(1, iota_tokens(5), 12);
+  h.add_tokens(2, iota_tokens(5, 300), 12);
+  for (int i = 0; i < 100 && !h.scheduler.idle(); ++i) h.step();
+  EXPECT_TRUE(h.scheduler.idle());
+  EXPECT_GT(h.scheduler.counts().preemptions, 0);
+  EXPECT_GT(h.scheduler.counts().reused_tokens, 0) << "the recompute started from a checkpoint";
+  EXPECT_EQ(h.count(1, 0), 12);
+  EXPECT_EQ(h.count(2, 0), 12);
+  EXPECT_EQ(h.blocks.used_blocks(), 0);
+  EXPECT_EQ(h.blocks.used_slots(), 0);
 }
 
 }  // namespace

@@ -26,20 +26,20 @@ namespace fs = std::filesystem;
 
 constexpr int kVocab = 663;  // the mini tokenizer's ids exactly: a random model samples every id it has
 
-json text_config() {
+json text_config(int64_t positions) {
   return {{"hidden_size", 64},    {"num_attention_heads", 2},       {"num_key_value_heads", 1},
           {"head_dim", 32},       {"intermediate_size", 128},       {"vocab_size", kVocab},
-          {"rms_norm_eps", 1e-6}, {"max_position_embeddings", 2048}};
+          {"rms_norm_eps", 1e-6}, {"max_position_embeddings", positions}};
 }
 
 // A model folder: random weights, the in-repo Qwen3.5-style mini tokenizer, and a chat template
 // from tests/jinja/data.
 class TinyModelDir {
  public:
-  TinyModelDir(bool hybrid, const std::string& template_file) {
+  TinyModelDir(bool hybrid, const std::string& template_file, int64_t positions = 2048) {
     json config;
     if (hybrid) {
-      json text = text_config();
+      json text = text_config(positions);
       text.update({{"model_type", "qwen3_5_text"},
                    {"num_hidden_layers", 4},
                    {"linear_num_key_heads", 2},
@@ -58,7 +58,7 @@ class TinyModelDir {
       config = {
           {"model_type", "qwen3_5"}, {"torch_dtype", "bfloat16"}, {"tie_word_embeddings", true}, {"text_config", text}};
     } else {
-      config = text_config();
+      config = text_config(positions);
       config.update({{"model_type", "qwen3"},
                      {"num_hidden_layers", 2},
                      {"rope_theta", 1e6},
@@ -81,14 +81,14 @@ class TinyModelDir {
 // The server as `qinfer serve` assembles it, in-process on a free port.
 class LiveServer {
  public:
-  LiveServer(bool hybrid, const std::string& template_file)
-      : dir_(hybrid, template_file),
+  LiveServer(bool hybrid, const std::string& template_file, int64_t max_context = 1024)
+      : dir_(hybrid, template_file, std::max<int64_t>(2048, max_context)),
         checkpoint_(models::open_checkpoint(dir_.path())),
         ops_(make_cpu_ops(global_thread_pool())),
         model_(checkpoint_, *ops_),
         tokenizer_(tokenizer::Tokenizer::load(dir_.path())),
         template_(tokenizer::ChatTemplate::from_model_dir(dir_.path())),
-        engine_(model_, tokenizer_, engine_options()),
+        engine_(model_, tokenizer_, engine_options(max_context)),
         generator_(engine_) {
     ServedModel served;
     served.name = hybrid ? "tiny-qwen3.5" : "tiny-qwen3";
@@ -111,11 +111,11 @@ class LiveServer {
   engine::EngineStats stats() const { return engine_.stats(); }
 
  private:
-  static engine::EngineOptions engine_options() {
+  static engine::EngineOptions engine_options(int64_t max_context) {
     engine::EngineOptions o;
     o.max_running = 64;
     o.max_waiting = 256;
-    o.max_context = 1024;
+    o.max_context = max_context;
     return o;
   }
 
@@ -227,7 +227,7 @@ TEST(LiveServer, SchedulerRefusalsAre400) {
 
 // The prefix cache through the API: the same prompt again reports its whole cached blocks in
 // usage.prompt_tokens_details.cached_tokens and gives the same greedy completion and logprobs as the
-// cold request (the hybrid model computes it whole: 0 cached).
+// cold request (the hybrid model from the checkpoint of its state after them).
 TEST(LiveServer, RepeatedPromptReportsCachedTokensAndTheSameCompletion) {
   for (const bool hybrid : {false, true}) {
     LiveServer s(hybrid, hybrid ? "qwen3_5.jinja" : "qwen3.jinja");
@@ -241,12 +241,130 @@ TEST(LiveServer, RepeatedPromptReportsCachedTokensAndTheSameCompletion) {
     const json c = cold.body_json(), w = warm.body_json();
     EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     // 69 of 70 tokens may come from the cache: 4 whole blocks of 16.
-    EXPECT_EQ(w["usage"]["prompt_tokens_details"]["cached_tokens"], hybrid ? 0 : 64);
+    EXPECT_EQ(w["usage"]["prompt_tokens_details"]["cached_tokens"], 64);
     EXPECT_EQ(w["choices"][0]["text"], c["choices"][0]["text"]);
     const json& lc = c["choices"][0]["logprobs"]["token_logprobs"];
     const json& lw = w["choices"][0]["logprobs"]["token_logprobs"];
     ASSERT_EQ(lc.size(), lw.size());
     for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lw[i].get<double>(), lc[i].get<double>(), 1e-4) << i;
+    expect_all_free(s);
+  }
+}
+
+std::vector<int> ids_from(int seed, int count) {
+  std::vector<int> ids;
+  for (int i = 0; i < count; ++i) ids.push_back(5 + (seed * 7919 + i * 37) % 600);
+  return ids;
+}
+
+// A completion of `prompt` (greedy, `max_tokens` whatever the end token) with its token ids.
+json complete_ids(int port, const std::vector<int>& prompt, int max_tokens, bool stream = false) {
+  const json body = {{"prompt", prompt},   {"max_tokens", max_tokens}, {"temperature", 0},
+                     {"ignore_eos", true}, {"return_token_ids", true}, {"logprobs", 1}};
+  const HttpResponse r = fetch(port, "POST", "/v1/completions", dump(body));
+  EXPECT_EQ(r.status, 200) << r.body;
+  return r.body_json();
+}
+
+// A conversation as agents send it: each turn resends everything so far (the prompt, the reply's
+// token ids from return_token_ids) and adds a message. Every turn after the first takes all of the
+// last turn's computed whole blocks from the cache (the hybrid model from the checkpoint of its
+// state at the last one, kept when the turn finished), and its completion is the cold server's.
+TEST(LiveServer, MultiTurnConversationHitsOnEveryTurn) {
+  for (const bool hybrid : {false, true}) {
+    LiveServer s(hybrid, hybrid ? "qwen3_5.jinja" : "qwen3.jinja");
+    std::vector<int> prompt = ids_from(1, 40);
+    std::vector<int> previous_computed;  // the last turn's prompt + reply but its last token
+    json last;
+    for (int turn = 0; turn < 6; ++turn) {
+      last = complete_ids(s.port(), prompt, 9);
+      const json& choice = last["choices"][0];
+      EXPECT_EQ(choice["prompt_token_ids"].get<std::vector<int>>(), prompt);
+      const auto reply = choice["token_ids"].get<std::vector<int>>();
+      ASSERT_EQ(reply.size(), 9u);
+      const int expected = turn == 0 ? 0 : static_cast<int>(previous_computed.size()) / 16 * 16;
+      EXPECT_EQ(last["usage"]["prompt_tokens_details"]["cached_tokens"], expected)
+          << (hybrid ? "hybrid" : "dense") << " turn " << turn;
+      previous_computed = prompt;
+      previous_computed.insert(previous_computed.end(), reply.begin(), reply.end() - 1);
+      prompt.insert(prompt.end(), reply.begin(), reply.end());
+      for (int t : ids_from(100 + turn, 23)) prompt.push_back(t);
+    }
+    const engine::EngineStats st = s.stats();
+    EXPECT_EQ(st.prefix_hits_total, 5);
+    EXPECT_EQ(st.prefix_misses_total, 1);
+    if (hybrid) EXPECT_GT(st.state_checkpoints_cached, 0);
+    // The last turn again on a server that has seen nothing: the same tokens and logprobs.
+    LiveServer cold(hybrid, hybrid ? "qwen3_5.jinja" : "qwen3.jinja");
+    const json again = complete_ids(cold.port(), last["choices"][0]["prompt_token_ids"].get<std::vector<int>>(), 9);
+    EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(again["choices"][0]["token_ids"], last["choices"][0]["token_ids"]);
+    const json& lw = last["choices"][0]["logprobs"]["token_logprobs"];
+    const json& lc = again["choices"][0]["logprobs"]["token_logprobs"];
+    ASSERT_EQ(lw.size(), lc.size());
+    for (size_t i = 0; i < lw.size(); ++i) EXPECT_NEAR(lw[i].get<double>(), lc[i].get<double>(), 1e-4) << i;
+    expect_all_free(s);
+  }
+}
+
+// return_token_ids streamed: the first chunk of a choice carries the prompt's ids, each chunk its
+// tokens' ids, which together are the non-streamed response's.
+TEST(LiveServer, StreamedTokenIds) {
+  LiveServer s(false, "qwen3.jinja");
+  const std::vector<int> prompt = ids_from(3, 20);
+  const json whole = complete_ids(s.port(), prompt, 7);
+  const json body = {{"prompt", prompt},   {"max_tokens", 7},          {"temperature", 0},
+                     {"ignore_eos", true}, {"return_token_ids", true}, {"stream", true}};
+  const HttpResponse r = fetch(s.port(), "POST", "/v1/completions", dump(body));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<int> ids;
+  bool prompt_seen = false;
+  for (const json& chunk : sse_payloads(r.body)) {
+    if (chunk == "[DONE]" || chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    if (choice.contains("prompt_token_ids")) {
+      EXPECT_FALSE(prompt_seen) << "the prompt's ids come once";
+      EXPECT_EQ(choice["prompt_token_ids"].get<std::vector<int>>(), prompt);
+      prompt_seen = true;
+    }
+    for (int t : choice["token_ids"]) ids.push_back(t);
+  }
+  EXPECT_TRUE(prompt_seen);
+  EXPECT_EQ(json(ids), whole["choices"][0]["token_ids"]);
+  const HttpResponse bad = fetch(s.port(), "POST", "/v1/completions",
+                                 dump(json{{"prompt", prompt}, {"max_tokens", 2}, {"return_token_ids", "yes"}}));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_THAT(bad.body, HasSubstr("return_token_ids"));
+}
+
+// The shapes peers miss (a shared prefix whose checkpoint-grid point falls in the unique suffix): a
+// second request sharing a long prefix hits on the shared part (the hybrid model from the last
+// interval checkpoint inside it) and keeps a checkpoint where it leaves the first one's path; a third
+// then starts at that junction, the shared part's last whole block.
+TEST(LiveServer, SharedPrefixWithLongUniqueSuffixesHits) {
+  struct Shape {
+    int shared, first_suffix, second_suffix;
+  };
+  for (const bool hybrid : {false, true}) {
+    LiveServer s(hybrid, hybrid ? "qwen3_5.jinja" : "qwen3.jinja", 8192);
+    for (const Shape& shape : {Shape{6476, 376, 1296}, Shape{1500, 700, 700}}) {
+      const std::vector<int> shared = ids_from(shape.shared, shape.shared);
+      auto with_suffix = [&](int seed, int n) {
+        std::vector<int> p = shared;
+        for (int t : ids_from(seed, n)) p.push_back(t);
+        return p;
+      };
+      const int whole = shape.shared / 16 * 16;
+      // The interval checkpoint (every 1024 tokens) at or below the shared part's last whole block.
+      const int interval = whole / 1024 * 1024;
+      const json a = complete_ids(s.port(), with_suffix(11, shape.first_suffix), 2);
+      const json b = complete_ids(s.port(), with_suffix(12, shape.second_suffix), 2);
+      const json c = complete_ids(s.port(), with_suffix(13, shape.first_suffix), 2);
+      const std::string what = fmt::format("{} {}+{}", hybrid ? "hybrid" : "dense", shape.shared, shape.second_suffix);
+      EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << what;
+      EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], hybrid ? interval : whole) << what;
+      EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], whole) << what << ": from the junction";
+    }
     expect_all_free(s);
   }
 }
