@@ -50,6 +50,34 @@ TEST(Eval, LogitsFileAndGreedyLineMatchTheReference) {
   }
 }
 
+// cached:N: an earlier request of the first N ids leaves them in the prefix cache (this fixture keeps
+// recurrent state: a checkpoint of it); the logits stay the reference's and the whole blocks of N are
+// reported reused, alone and over two tensor-parallel ranks.
+TEST(Eval, CachedModeReportsTheReusedTokensAndMatchesTheReference) {
+  io::json ref = io::read_json_file(kFixture / "reference.json");
+  const auto prompt = ref["prompts"][2].get<std::vector<int32_t>>();
+  const std::string want = read_text(kFixture / ref["logits"][2].get<std::string>());
+  TempDir dir;
+  for (const char* extra : {"", " --tensor-parallel 2"}) {
+    for (const int n : {32, 45, static_cast<int>(prompt.size()) - 1}) {
+      CommandResult r = run_command(eval("--ids " + ids_of(prompt) + " --mode cached:" + std::to_string(n) +
+                                         " --logits '" + (dir / "l.bin").string() + "'" + extra));
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(io::json::parse(r.out)["cached"], n / 16 * 16) << n << extra;
+      const std::string got = read_text(dir / "l.bin");
+      ASSERT_EQ(got.size(), want.size());
+      const float* g = reinterpret_cast<const float*>(got.data());
+      const float* w = reinterpret_cast<const float*>(want.data());
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < want.size() / 4; ++i) {
+        diff += (g[i] - w[i]) * double(g[i] - w[i]);
+        norm += w[i] * double(w[i]);
+      }
+      EXPECT_LE(std::sqrt(diff / norm), 1e-2) << n << extra;
+    }
+  }
+}
+
 // Two ranks (threads) splitting heads and intermediates give the greedy tokens of the reference;
 // a split that does not divide names the field.
 TEST(Eval, TensorParallelRanksMatchTheReference) {
@@ -84,7 +112,10 @@ TEST(Eval, BadArgumentsAreClearErrors) {
   };
   for (const Bad& b : {Bad{"--ids 1,x,3", "--ids: 'x' is not a token id"},
                        Bad{"--ids 1,512", "--ids: token id 512 is outside the vocabulary (0..511)"},
-                       Bad{"--ids 1,2 --mode sideways", "--mode sideways: expected prefill, decode or chunked:N"},
+                       Bad{"--ids 1,2 --mode sideways", "--mode sideways: expected prefill, decode, chunked:N or cached:N"},
+                       Bad{"--ids 1,2 --mode cached:0", "the cached length must be a positive integer"},
+                       Bad{"--ids 1,2 --mode cached:3", "cached:3: the earlier request's length must be in 1..2"},
+                       Bad{"--ids 1,2 --mode cached:1 --greedy 2", "--greedy does not go with --mode cached:N"},
                        Bad{"--ids 1,2 --mode chunked:0", "the chunk size must be a positive integer"},
                        Bad{"--ids 1,2 --mode decode --dump /tmp/x", "--dump needs --mode prefill"},
                        Bad{"--ids 1,2 --device tpu", "--device tpu"}}) {
