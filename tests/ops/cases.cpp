@@ -469,6 +469,11 @@ void add_attention(std::vector<Case>& cases) {
       {4, 4, 128, 5, {100, 17}, {0, 200}, kTf32Tol},               // head_dim 128 without GQA
       {16, 2, 64, 5, {17, 100}, {0, 77}, kTf32Tol},                // head_dim 64, GQA 8, 5-token pages
       {8, 8, 256, 16, {300, 1}, {40, 0}, kTf32Tol},                // head_dim 256 without GQA
+      // A short chunk after a long cached prefix (a prefix-cache hit): few query tiles, whose keys
+      // the backend may split among blocks.
+      {32, 8, 128, 16, {80}, {3000}, kTf32Tol},                    // GQA 4: 3 tiles of 8 kv heads
+      {16, 4, 256, 16, {40, 20}, {2500, 700}, kTf32Tol},           // head_dim 256, two lengths of prefix
+      {8, 2, 64, 7, {50, 40}, {1800, 0}, kTf32Tol},                // head_dim 64, 7-token pages, a cold one
       // Decode (one token per sequence; sequences of few keys leave key splits empty) and
       // speculative verification (2-8 tokens per sequence): the flash-decoding kernel where the
       // backend has one, its tiles of 1-8 rows, GQA 1 / 4 / 8.

@@ -704,11 +704,14 @@ void launch_attention(const float* q, const KvPoolView& pool, const AttentionArr
                                                            static_cast<int>(head_dim), scale, splits, T, partial, out);
   });
   QINFER_CUDA_CHECK_LAUNCH("attention_kernel<<<>>>");
-  if (splits > 1) {
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(T * heads, 65535));
-    combine_kernel<<<blocks, kThreads, 0, stream>>>(partial, splits, T, heads, static_cast<int>(head_dim), out);
-    QINFER_CUDA_CHECK_LAUNCH("combine_kernel<<<>>>");
-  }
+  if (splits > 1) launch_attention_combine(partial, splits, T, heads, head_dim, out, stream);
+}
+
+void launch_attention_combine(const float* partial, int splits, int64_t T, int64_t heads, int64_t head_dim,
+                              float* out, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(T * heads, 65535));
+  combine_kernel<<<blocks, kThreads, 0, stream>>>(partial, splits, T, heads, static_cast<int>(head_dim), out);
+  QINFER_CUDA_CHECK_LAUNCH("combine_kernel<<<>>>");
 }
 
 int64_t attention_decode_tile_rows(int64_t head_dim, int64_t max_rows) {

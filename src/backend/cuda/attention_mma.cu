@@ -383,8 +383,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_b
 template <int HD, typename E>
 __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
     attention_bf16_kernel(const float* __restrict__ q, const E* __restrict__ pool_k, const E* __restrict__ pool_v,
-                          AttentionArrays L, int heads, int kv_heads, float q_scale, int block_shift,
-                          float* __restrict__ out) {
+                          AttentionArrays L, int heads, int kv_heads, float q_scale, int block_shift, int splits,
+                          int64_t T, float* __restrict__ partial, float* __restrict__ out) {
   using S = Bf16Shape<HD>;
   constexpr int kKeys = S::kKeys, kNT = kKeys / 8, kKS = HD / 16, kHT = HD / 8, kP = S::kPitch;
   constexpr bool kF32Pool = std::is_same_v<E, float>;
@@ -405,7 +405,11 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
   const int rows = min(S::kRows, len * group - r0);
   const int cached = L.cached[s];
   const int block_keys = cached + (r0 + rows - 1) / group + 1;
-  const int key_tiles = (block_keys + kKeys - 1) / kKeys;
+  // This block's key split (blockIdx.y of gridDim.y): an equal share of the tile's key tiles, which
+  // for the tiles of few keys may be none (it then leaves an empty partial result).
+  const int all_tiles = (block_keys + kKeys - 1) / kKeys, split = static_cast<int>(blockIdx.y);
+  const int per_split = (all_tiles + splits - 1) / splits;
+  const int first_tile = min(all_tiles, split * per_split), key_tiles = min(all_tiles, first_tile + per_split);
   const int32_t* blocks = L.block_table + static_cast<int64_t>(s) * L.max_blocks;
   const int bs = L.block_size;
 
@@ -476,8 +480,10 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
     }
   };
 
-  find_rows(0);
-  stage_begin(0);
+  if (first_tile < key_tiles) {
+    find_rows(first_tile * kKeys);
+    stage_begin(first_tile & 1);
+  }
   // Q, scaled and rounded once: in registers as this lane's A fragments, or in shared memory.
   uint32_t qa[S::kQInRegs ? kKS : 1][4];
   if constexpr (S::kQInRegs) {
@@ -502,9 +508,9 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
           uint2{pack_bf16(v.x * q_scale, v.y * q_scale), pack_bf16(v.z * q_scale, v.w * q_scale)};
     }
   }
-  stage_end(0);
-  if (key_tiles > 1) find_rows(kKeys);
-  __syncthreads();  // tile 0 (and Q in shared memory) visible to every warp
+  if (first_tile < key_tiles) stage_end(first_tile & 1);
+  if (first_tile + 1 < key_tiles) find_rows((first_tile + 1) * kKeys);
+  __syncthreads();  // the first tile (and Q in shared memory) visible to every warp
 
   float o[kHT][4];
 #pragma unroll
@@ -512,7 +518,7 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's share
   const int mat = lane / 8, mat_row = lane % 8;  // the ldmatrix matrix and row this lane addresses
 
-  for (int t = 0; t < key_tiles; ++t) {
+  for (int t = first_tile; t < key_tiles; ++t) {
     const int kt = t * kKeys;
     if (t + 1 < key_tiles) stage_begin((t + 1) & 1);  // staging / buffer (t + 1) & 1 free since the barrier
     if (t + 2 < key_tiles) find_rows(kt + 2 * kKeys);
@@ -605,6 +611,11 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
   }
 
   if (!warp_active) return;
+  // Split: the un-normalised accumulators [splits, T, heads, HD], then (max, sum) pairs, the maxima
+  // in natural-log units as launch_attention_combine merges them.
+  const int64_t slice = T * heads;
+  float* part_acc = partial + split * slice * HD;
+  float* part_ml = partial + splits * slice * HD + 2 * split * slice;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = row_sum[h];
@@ -612,8 +623,19 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
     sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
     const int r = wr + g + 8 * h;
     if (r >= rows) continue;
+    const int64_t at = q_row(r);
+    if (splits > 1) {
+      float* dst = part_acc + at + 2 * tig;
+#pragma unroll
+      for (int n = 0; n < kHT; ++n) *reinterpret_cast<float2*>(dst + 8 * n) = float2{o[n][2 * h], o[n][2 * h + 1]};
+      if (tig == 0) {
+        part_ml[2 * (at / HD)] = row_max[h] * 0.6931471805599453f;  // log2 → natural units
+        part_ml[2 * (at / HD) + 1] = sum;
+      }
+      continue;
+    }
     const float inv = 1.0f / sum;
-    float* dst = out + q_row(r) + 2 * tig;
+    float* dst = out + at + 2 * tig;
 #pragma unroll
     for (int n = 0; n < kHT; ++n)
       *reinterpret_cast<float2*>(dst + 8 * n) = float2{o[n][2 * h] * inv, o[n][2 * h + 1] * inv};
@@ -621,9 +643,11 @@ __global__ void __launch_bounds__(Bf16Shape<HD>::kThreads, 1)
 }
 
 template <int HD, bool kBf16, typename E>
-void launch_mma(const float* q, const E* pool_k, const E* pool_v, const AttentionArrays& layout, int64_t heads,
-                int64_t kv_heads, float scale, float* out, cudaStream_t stream) {
-  const auto kernel = kBf16 ? attention_bf16_kernel<HD, E> : attention_mma_kernel<HD, E>;
+void launch_mma(const float* q, const E* pool_k, const E* pool_v, const AttentionArrays& layout, int64_t T,
+                int64_t heads, int64_t kv_heads, float scale, int splits, float* partial, float* out,
+                cudaStream_t stream) {
+  const void* kernel = kBf16 ? reinterpret_cast<const void*>(attention_bf16_kernel<HD, E>)
+                             : reinterpret_cast<const void*>(attention_mma_kernel<HD, E>);
   const int threads = kBf16 ? Bf16Shape<HD>::kThreads : MmaShape<HD>::kThreads;
   // The bf16 kernel over a bf16 pool has no f32 staging area.
   const size_t staging = kBf16 && !std::is_same_v<E, float> ? sizeof(float) * Bf16Shape<HD>::kStageFloats : 0;
@@ -636,20 +660,30 @@ void launch_mma(const float* q, const E* pool_k, const E* pool_v, const Attentio
   if (blocks > std::numeric_limits<int32_t>::max())
     throw_error("attention_mma: the batch has more query tiles x kv heads than a grid holds");
   const float q_scale = scale * 1.4426950408889634f;  // log2(e): the softmax runs in exp2
-  kernel<<<static_cast<unsigned>(blocks), threads, shared, stream>>>(
-      q, pool_k, pool_v, layout, static_cast<int>(heads), static_cast<int>(kv_heads), q_scale, block_shift, out);
-  QINFER_CUDA_CHECK_LAUNCH(kBf16 ? "attention_bf16_kernel<<<>>>" : "attention_mma_kernel<<<>>>");
+  if constexpr (kBf16) {
+    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(splits));
+    attention_bf16_kernel<HD, E><<<grid, threads, shared, stream>>>(q, pool_k, pool_v, layout, static_cast<int>(heads),
+                                                                    static_cast<int>(kv_heads), q_scale, block_shift,
+                                                                    splits, T, partial, out);
+    QINFER_CUDA_CHECK_LAUNCH("attention_bf16_kernel<<<>>>");
+    if (splits > 1) launch_attention_combine(partial, splits, T, heads, HD, out, stream);
+  } else {
+    attention_mma_kernel<HD, E><<<static_cast<unsigned>(blocks), threads, shared, stream>>>(
+        q, pool_k, pool_v, layout, static_cast<int>(heads), static_cast<int>(kv_heads), q_scale, block_shift, out);
+    QINFER_CUDA_CHECK_LAUNCH("attention_mma_kernel<<<>>>");
+  }
 }
 
 template <int HD>
-void launch_precision(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t heads,
-                      int64_t kv_heads, float scale, bool bf16, float* out, cudaStream_t stream) {
+void launch_precision(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t T, int64_t heads,
+                      int64_t kv_heads, float scale, bool bf16, int splits, float* partial, float* out,
+                      cudaStream_t stream) {
   with_kv_type(pool, [&](auto e) {
     using E = decltype(e);
     const auto* k = static_cast<const E*>(pool.k);
     const auto* v = static_cast<const E*>(pool.v);
-    if (bf16) launch_mma<HD, true>(q, k, v, layout, heads, kv_heads, scale, out, stream);
-    else launch_mma<HD, false>(q, k, v, layout, heads, kv_heads, scale, out, stream);
+    if (bf16) launch_mma<HD, true>(q, k, v, layout, T, heads, kv_heads, scale, splits, partial, out, stream);
+    else launch_mma<HD, false>(q, k, v, layout, T, heads, kv_heads, scale, 1, nullptr, out, stream);
   });
 }
 
@@ -673,13 +707,24 @@ size_t attention_mma_shared_bytes(int64_t head_dim, bool bf16) {
   }
 }
 
-void launch_attention_mma(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t heads,
-                          int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out, cudaStream_t stream) {
+int attention_mma_splits(int64_t blocks, int64_t max_keys, int sm_count) {
+  // One block per SM (the kernel's shared memory): split until the grid covers the SMs, each split
+  // keeping at least kMinKeys keys so the merge stays small beside the work.
+  constexpr int64_t kMinKeys = 256, kMaxSplits = 16;
+  if (blocks <= 0 || blocks >= sm_count) return 1;
+  const int64_t wanted = (sm_count + blocks - 1) / blocks;
+  return static_cast<int>(std::max<int64_t>(1, std::min({wanted, max_keys / kMinKeys, kMaxSplits})));
+}
+
+void launch_attention_mma(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t T,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, int splits,
+                          float* partial, float* out, cudaStream_t stream) {
   if (layout.num_tiles == 0 || heads == 0) return;
+  if (!bf16 || partial == nullptr) splits = 1;
   switch (head_dim) {
-    case 64: return launch_precision<64>(q, pool, layout, heads, kv_heads, scale, bf16, out, stream);
-    case 128: return launch_precision<128>(q, pool, layout, heads, kv_heads, scale, bf16, out, stream);
-    case 256: return launch_precision<256>(q, pool, layout, heads, kv_heads, scale, bf16, out, stream);
+    case 64: return launch_precision<64>(q, pool, layout, T, heads, kv_heads, scale, bf16, splits, partial, out, stream);
+    case 128: return launch_precision<128>(q, pool, layout, T, heads, kv_heads, scale, bf16, splits, partial, out, stream);
+    case 256: return launch_precision<256>(q, pool, layout, T, heads, kv_heads, scale, bf16, splits, partial, out, stream);
     default: throw_error("attention_mma: head_dim " + std::to_string(head_dim) + " has no tensor-core kernel");
   }
 }

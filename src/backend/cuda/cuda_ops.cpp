@@ -747,8 +747,14 @@ class CudaOps final : public Ops {
         attention_mma_shared_bytes(head_dim, bf16) <= max_shared_) {
       const AttentionArrays arrays = upload_attention(layout, group, mma_rows);
       if (replaying()) return;
-      launch_attention_mma(q.ptr<float>(), pool_view, arrays, heads, kv_heads, head_dim, scale, bf16, out.ptr<float>(),
-                           stream());
+      // A short chunk after a long cached prefix fills few tiles: the bf16 kernel splits their keys.
+      int splits = bf16 && mode_ != Mode::capturing
+                       ? attention_mma_splits(arrays.num_tiles * kv_heads, max_keys, sm_count_)
+                       : 1;
+      while (splits > 1 && attention_partial_floats(splits, T, heads, head_dim) > (int64_t{64} << 20)) splits /= 2;
+      Scratch partial = scratch(splits > 1 ? attention_partial_floats(splits, T, heads, head_dim) * sizeof(float) : 0);
+      launch_attention_mma(q.ptr<float>(), pool_view, arrays, T, heads, kv_heads, head_dim, scale, bf16, splits,
+                           partial.as<float>(), out.ptr<float>(), stream());
       return;
     }
     // Decode and verification: the flash-decoding kernel. A recorded step plans its key splits for

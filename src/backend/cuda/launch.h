@@ -193,13 +193,20 @@ void launch_attention_decode(const float* q, const KvPoolView& pool, const Atten
 // kAttentionMmaMinRows query rows (len · group) and head_dim has a kernel (tile rows > 0).
 // `layout.tiles` must then be cut into attention_mma_tile_rows(head_dim, bf16) rows per tile;
 // decode-sized batches stay on launch_attention, whose key splits suit them better.
-// bf16: Q, K, V and P rounded to bf16 (fast mode); otherwise TF32 operands (exact mode).
+// bf16: Q, K, V and P rounded to bf16 (fast mode); otherwise TF32 operands (exact mode). The bf16
+// kernel may divide each tile's keys among `splits` blocks (a short chunk after a long cached
+// prefix fills few tiles), merged by a second kernel from `partial` scratch of
+// attention_partial_floats(splits, T, ...) floats; attention_mma_splits says how many.
 constexpr int64_t kAttentionMmaMinRows = 64;
 int64_t attention_mma_tile_rows(int64_t head_dim, bool bf16);  // 0: no tensor-core kernel for head_dim
 size_t attention_mma_shared_bytes(int64_t head_dim, bool bf16);
-void launch_attention_mma(const float* q, const KvPoolView& pool, const AttentionArrays& layout,
-                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, float* out,
-                          cudaStream_t stream);
+int attention_mma_splits(int64_t blocks, int64_t max_keys, int sm_count);
+void launch_attention_mma(const float* q, const KvPoolView& pool, const AttentionArrays& layout, int64_t T,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, bool bf16, int splits,
+                          float* partial, float* out, cudaStream_t stream);
+// Merges key splits' partial results (un-normalised accumulators, then natural-log maxima and sums).
+void launch_attention_combine(const float* partial, int splits, int64_t T, int64_t heads, int64_t head_dim,
+                              float* out, cudaStream_t stream);
 
 // --- moe.cu ------------------------------------------------------------------------------------
 void launch_moe_route(const float* logits, int64_t T, int64_t E, int64_t k, bool renormalize, int32_t* ids,
