@@ -3,12 +3,58 @@
 // stand for.
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/ops.h"
 #include "core/error.h"
 
 namespace qinfer {
+
+void check_seq_layout(std::string_view who, const SeqLayout& layout, int64_t tokens, int64_t slots) {
+  const auto& cu = layout.cu_seqlens;
+  QINFER_CHECK(!cu.empty() && cu[0] == 0, "{}: layout.cu_seqlens must start with 0", who);
+  for (size_t s = 0; s + 1 < cu.size(); ++s)
+    QINFER_CHECK(cu[s] <= cu[s + 1], "{}: layout.cu_seqlens decreases at {}: {} > {}", who, s, cu[s], cu[s + 1]);
+  QINFER_CHECK(cu.back() == tokens, "{}: layout.cu_seqlens covers {} tokens but the batch has {}", who, cu.back(),
+               tokens);
+  if (slots < 0) return;
+  const int64_t S = layout.num_seqs();
+  QINFER_CHECK(static_cast<int64_t>(layout.state_slot.size()) == S,
+               "{}: layout.state_slot has {} entries for {} sequences", who, layout.state_slot.size(), S);
+  QINFER_CHECK(layout.state_to.empty() || static_cast<int64_t>(layout.state_to.size()) == S,
+               "{}: layout.state_to has {} entries for {} sequences (or none: in place)", who, layout.state_to.size(),
+               S);
+  for (const auto* v : {&layout.snapshot_at, &layout.snapshot_to})
+    QINFER_CHECK(v->empty() || static_cast<int64_t>(v->size()) == S,
+                 "{}: layout.snapshot_at and snapshot_to have {} entries for {} sequences (or none)", who, v->size(), S);
+  QINFER_CHECK(layout.snapshot_at.size() == layout.snapshot_to.size(),
+               "{}: layout.snapshot_at has {} entries and snapshot_to {}", who, layout.snapshot_at.size(),
+               layout.snapshot_to.size());
+  // (slot, sequence) for every slot a sequence reads or writes, each of a sequence's once.
+  std::vector<std::pair<int32_t, int64_t>> used;
+  for (int64_t s = 0; s < S; ++s) {
+    const int32_t from = layout.state_slot[static_cast<size_t>(s)], to = layout.target_slot(s);
+    const int32_t snapshot = layout.snapshot_slot(s);
+    for (const int32_t slot : {from, to, snapshot < 0 ? from : snapshot})
+      QINFER_CHECK(slot >= 0 && slot < slots, "{}: state slot {} is outside the {} slots of the state", who, slot,
+                   slots);
+    used.push_back({from, s});
+    if (to != from) used.push_back({to, s});
+    if (snapshot >= 0) {
+      const int64_t len = cu[static_cast<size_t>(s) + 1] - cu[static_cast<size_t>(s)];
+      const int32_t at = layout.snapshot_tokens(s);
+      QINFER_CHECK(at >= 1 && at <= len, "{}: sequence {} of {} tokens has a snapshot after {} (1 .. {} allowed)",
+                   who, s, len, at, len);
+      used.push_back({snapshot, S + s});  // unshared even with the sequence's own slots
+    }
+  }
+  std::sort(used.begin(), used.end());
+  for (size_t i = 1; i < used.size(); ++i)
+    QINFER_CHECK(used[i].first != used[i - 1].first, "{}: state slot {} is used by two sequences of one batch", who,
+                 used[i].first);
+}
+
 
 void Ops::set_kv_dtype(DType dtype) {
   QINFER_CHECK(dtype == DType::f32 || dtype == DType::bf16, "{}: a KV cache holds f32 or bf16, not {}", name(),

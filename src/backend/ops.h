@@ -24,10 +24,26 @@ class ThreadPool;
 // Where each sequence's tokens sit in the flat batch, and its state slot.
 struct SeqLayout {
   std::vector<int32_t> cu_seqlens;  // [S+1]: tokens of sequence s are [cu_seqlens[s], cu_seqlens[s+1])
-  std::vector<int32_t> state_slot;  // [S]: recurrent-state slot (conv window + delta state) of each sequence
+  std::vector<int32_t> state_slot;  // [S]: recurrent-state slot (conv window + delta state) each sequence reads
+  // [S] or empty (every sequence in place): the slot each sequence's state is written to. One that
+  // differs from state_slot leaves the state it started from untouched there (a checkpoint for free).
+  std::vector<int32_t> state_to;
+  // [S] each or empty (none): a sequence whose snapshot_to is a slot (not -1) also leaves its state
+  // after its first snapshot_at tokens (1 .. its tokens) there: a checkpoint inside a prefill chunk.
+  std::vector<int32_t> snapshot_at, snapshot_to;
   int64_t num_seqs() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
   int64_t num_tokens() const { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
+  int32_t target_slot(int64_t s) const { return (state_to.empty() ? state_slot : state_to)[static_cast<size_t>(s)]; }
+  // The snapshot slot of sequence s (-1: none) and the tokens before it.
+  int32_t snapshot_slot(int64_t s) const { return snapshot_to.empty() ? -1 : snapshot_to[static_cast<size_t>(s)]; }
+  int32_t snapshot_tokens(int64_t s) const { return snapshot_at.empty() ? 0 : snapshot_at[static_cast<size_t>(s)]; }
 };
+
+// Checks a sequence layout for an op of `tokens` tokens (errors begin with `who`, "cpu conv1d_causal"):
+// cu_seqlens runs from 0 to tokens without decreasing; unless `slots` < 0, every sequence has a state
+// slot (and a target and a snapshot slot, when given) below `slots`, a snapshot lies within its
+// tokens, and no slot is read or written by two sequences (nor a snapshot slot by any other use).
+void check_seq_layout(std::string_view who, const SeqLayout& layout, int64_t tokens, int64_t slots);
 
 // Paged attention over one layer's KV pool.
 struct AttentionLayout {
@@ -170,14 +186,17 @@ class Ops {
                          Tensor& beta) = 0;
   // Causal depthwise conv1d with SiLU, per sequence, continuing from each sequence's window:
   // out[t,c] = silu(Σ_j w[c,j] · in[t-K+1+j, c]) where frames before the sequence's first token come
-  // from conv_state[slot] ([K-1, C], oldest first). Afterwards conv_state[slot] holds the last K-1
-  // input frames. x, out f32 [T,C]; w f32 [C,K]; conv_state f32 [slots, K-1, C].
+  // from conv_state[slot] ([K-1, C], oldest first). Afterwards conv_state[target slot] holds the last
+  // K-1 input frames (and a snapshot slot those before its snapshot). x, out f32 [T,C]; w f32 [C,K];
+  // conv_state f32 [slots, K-1, C].
   virtual void conv1d_causal(const Tensor& x, const Tensor& w, const SeqLayout& layout, Tensor& conv_state,
                              Tensor& out) = 0;
   // Gated delta rule per sequence from its state slot; value head h reads key head h / (Hv/Hk).
   // For each token: S = exp(g)·S; δ = β·(v − S·k); S += δ ⊗ k; o = S·q.
   // q, k f32 [T,Hk,Dk] (already l2-normed, q scaled); v f32 [T,Hv,Dv]; g (log decay), beta f32 [T,Hv];
-  // state f32 [slots, Hv, Dv, Dk] (S[i,j]: i over Dv, j over Dk), updated; out f32 [T,Hv,Dv].
+  // state f32 [slots, Hv, Dv, Dk] (S[i,j]: i over Dv, j over Dk), read from each sequence's slot and
+  // written to its target slot (and, after its first snapshot_at tokens, to its snapshot slot); out f32
+  // [T,Hv,Dv].
   // `algorithm` automatic lets the backend choose per sequence (chunked for long ones); tests force
   // recurrent or the chunk-64 WY form, which must agree.
   virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,

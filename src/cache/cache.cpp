@@ -41,7 +41,8 @@ SequenceCache ModelCache::sequence(int64_t index) const {
   return s;
 }
 
-void check_room(const ModelCache& cache, const SequenceCache& s, int64_t new_tokens) {
+void check_room(const ModelCache& cache, const SequenceCache& s, int64_t new_tokens, int32_t state_to,
+                int32_t snapshot_to) {
   const int64_t tokens = s.cached + new_tokens;
   QINFER_CHECK(static_cast<int64_t>(s.blocks.size()) * cache.block_size() >= tokens,
                "forward: a sequence holds {} blocks of {} tokens, too few for its {} cached + {} new tokens",
@@ -51,6 +52,9 @@ void check_room(const ModelCache& cache, const SequenceCache& s, int64_t new_tok
                  cache.num_blocks());
   QINFER_CHECK(cache.shape().linear_layers == 0 || (s.slot >= 0 && s.slot < cache.num_slots()),
                "forward: state slot {} is outside the cache's {} slots", s.slot, cache.num_slots());
+  for (const int32_t slot : {state_to, snapshot_to})
+    QINFER_CHECK(slot < 0 || (cache.shape().linear_layers > 0 && slot < cache.num_slots()),
+                 "forward: target or snapshot state slot {} is outside the cache's {} slots", slot, cache.num_slots());
 }
 
 namespace {

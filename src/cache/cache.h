@@ -99,7 +99,9 @@ struct SequenceCache {
 };
 
 // Throws unless `s` has blocks for `new_tokens` more tokens and, for a model with recurrent state, a
-// slot of `cache` (a forward writes only where it was given room).
-void check_room(const ModelCache& cache, const SequenceCache& s, int64_t new_tokens);
+// slot of `cache`, and `state_to` and `snapshot_to` (slots to write its state to) are -1 or slots of
+// it (a forward writes only where it was given room).
+void check_room(const ModelCache& cache, const SequenceCache& s, int64_t new_tokens, int32_t state_to = -1,
+                int32_t snapshot_to = -1);
 
 }  // namespace qinfer

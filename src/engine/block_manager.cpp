@@ -233,7 +233,7 @@ int32_t BlockManager::take_checkpoint(bool rolling) {
 }
 
 void BlockManager::attach_checkpoint(const SequenceCache& cache, int64_t blocks, int32_t checkpoint, bool rolling) {
-  QINFER_CHECK(blocks > 0 && blocks <= static_cast<int64_t>(cache.blocks.size()) && checkpoint >= num_slots_ &&
+  QINFER_CHECK(blocks > 0 && blocks <= static_cast<int64_t>(cache.blocks.size()) && checkpoint >= 0 &&
                    checkpoint < num_slots_ + num_checkpoints_,
                "block manager: checkpoint {} after {} blocks of a sequence holding {}", checkpoint, blocks,
                cache.blocks.size());

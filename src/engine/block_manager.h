@@ -11,8 +11,10 @@
 // when the free list runs dry the least recently used leaf is evicted.
 //
 // Models with recurrent state (Gated DeltaNet) need the state at the end of a reused prefix as well
-// as its KV blocks: a checkpoint, a slot past the sequences' own holding one sequence's state as it
-// was after some node's block. A pool of them (`num_checkpoints`) is attached to nodes as the
+// as its KV blocks: a checkpoint, a slot holding one sequence's state as it was after some node's
+// block. Slots are alike: the sequences' pool (`num_slots`) and the checkpoints' (`num_checkpoints`)
+// count them, and a sequence may trade its slot for a checkpoint's (a step that writes its state
+// into its rolling slot leaves the one it read behind). The checkpoints are attached to nodes as the
 // scheduler saves them; a match then ends at the deepest node of the path with a checkpoint, which
 // the new sequence's slot starts from. Checkpoints go with their block's eviction, and the least
 // recently used one goes first when the pool is dry. Without checkpoints such a model caches nothing.
@@ -29,8 +31,8 @@ namespace qinfer::engine {
 class BlockManager {
  public:
   // `num_slots` 0: the model keeps no recurrent state, and sequences get no slot. `prefix_caching`:
-  // keep computed blocks for later sequences (for a model with state, only with checkpoints: slots
-  // num_slots .. num_slots + num_checkpoints - 1).
+  // keep computed blocks for later sequences (for a model with state, only with checkpoints: ids
+  // num_slots .. num_slots + num_checkpoints - 1 at first; slots 0 .. num_slots - 1 the sequences').
   BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching = false,
                int64_t num_checkpoints = 0);
 

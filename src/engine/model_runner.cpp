@@ -140,7 +140,8 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
     const Sequence& s = *c.sequence;
     views.push_back(s.cache);
     const auto begin = s.tokens.begin() + s.cache.cached;
-    batch.sequences.push_back({std::vector<int32_t>(begin, begin + c.tokens), &views.back(), all_rows});
+    batch.sequences.push_back(
+        {std::vector<int32_t>(begin, begin + c.tokens), &views.back(), all_rows, c.state_to, c.save_at, c.save_to});
   }
   for (size_t i = 0; views.size() < rows; ++i) {
     views.push_back(padding_.at(i));
@@ -150,8 +151,6 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
   batch.may_record = width > 0;
   Ops& ops = model_.ops();
   const Tensor raw = model_.forward(batch, cache_);
-  for (const StepPlan::Chunk& c : plan.chunks)
-    if (c.save_to >= 0) cache_.copy_slot(c.sequence->cache.slot, c.save_to);  // the state after this step
   if (all_rows) return prompt_rows(plan, to_host(ops, raw));
   const Tensor logits = text_logits(ops, raw, options_.text_vocab);
 

@@ -46,12 +46,23 @@ void Scheduler::hold(Sequence& s, int64_t tokens) {
 }
 
 void Scheduler::let_go(Sequence& s, bool keep_cache) {
+  const int64_t bs = blocks_.block_size(), at = s.cache.cached / bs;
+  if (keep_cache && checkpoints() && s.cache.slot >= 0 && s.cache.cached % bs == 0 &&
+      at > std::max(s.rolling_blocks, s.kept_blocks)) {
+    // Stopped on a block boundary, past the rolling checkpoint: its live state is the better one. The
+    // live slot becomes the checkpoint and the rolling slot (or a fresh one) goes back in its place.
+    if (s.rolling < 0) s.rolling = blocks_.take_checkpoint(true);
+    if (s.rolling >= 0) {
+      std::swap(s.cache.slot, s.rolling);
+      s.rolling_blocks = at;
+    }
+  }
   if (s.rolling >= 0) {
     if (keep_cache && s.rolling_blocks > 0) blocks_.attach_checkpoint(s.cache, s.rolling_blocks, s.rolling, true);
     else blocks_.drop_checkpoint(s.rolling, true);
     s.rolling = -1;
-    s.rolling_blocks = 0;
   }
+  s.rolling_blocks = s.kept_blocks = 0;
   blocks_.release(s.cache);
 }
 
@@ -100,6 +111,7 @@ void Scheduler::reuse_prefix(Sequence& s) {
   if (m.checkpoint >= 0) {
     blocks_.take_slot(s.cache);
     pending_slot_work_.push_back({m.checkpoint, s.cache.slot});
+    s.kept_blocks = static_cast<int64_t>(s.cache.blocks.size());
   }
   if (checkpoints()) {
     s.junction_blocks = m.path_blocks > static_cast<int64_t>(s.cache.blocks.size()) ? std::min(m.path_blocks, most) : 0;
@@ -110,8 +122,8 @@ void Scheduler::reuse_prefix(Sequence& s) {
   (s.cache.cached > 0 ? hits_ : misses_) += 1;
 }
 
-int64_t Scheduler::next_checkpoint(const Sequence& s) const {
-  const int64_t bs = blocks_.block_size(), cached = s.cache.cached;
+int64_t Scheduler::next_checkpoint(const Sequence& s, int64_t cached) const {
+  const int64_t bs = blocks_.block_size();
   int64_t next = 0;
   auto consider = [&](int64_t at) {
     if (at > cached && (next == 0 || at < next)) next = at;
@@ -123,15 +135,16 @@ int64_t Scheduler::next_checkpoint(const Sequence& s) const {
 }
 
 void Scheduler::plan_checkpoint(Sequence& s, int64_t end, StepPlan::Chunk& chunk) {
-  const int64_t bs = blocks_.block_size();
-  if (end % bs != 0 || s.cache.slot < 0) return;
-  if (end == next_checkpoint(s)) {
-    chunk.save_to = blocks_.take_checkpoint(false);
-    chunk.keep = true;
-    return;
+  const int64_t bs = blocks_.block_size(), start = s.cache.cached;
+  if (s.cache.slot < 0) return;
+  if (start > 0 && start % bs == 0 && start / bs > s.kept_blocks) {
+    if (s.rolling < 0) s.rolling = blocks_.take_checkpoint(true);
+    chunk.state_to = s.rolling;
   }
-  if (s.rolling < 0) s.rolling = blocks_.take_checkpoint(true);
-  chunk.save_to = s.rolling;
+  if (const int64_t at = next_checkpoint(s, start); at > 0 && at <= end) {
+    chunk.save_to = blocks_.take_checkpoint(false);
+    chunk.save_at = static_cast<int32_t>(at - start);
+  }
 }
 
 StepPlan Scheduler::schedule() {
@@ -153,8 +166,11 @@ StepPlan Scheduler::schedule() {
       if (s.status != Sequence::Status::running || s.uncached() <= 1) continue;
       int64_t chunk = std::min<int64_t>(s.uncached(), budget);
       if (s.forks > 0) chunk = std::min<int64_t>(chunk, s.fork_at - s.cache.cached);  // branch at fork_at
+      // A chunk saves one checkpoint, inside it or at its end: one that would pass two ends at the first.
       if (checkpoints())
-        if (const int64_t at = next_checkpoint(s); at > 0) chunk = std::min<int64_t>(chunk, at - s.cache.cached);
+        if (const int64_t at = next_checkpoint(s, s.cache.cached); at > 0 && at < s.cache.cached + chunk)
+          if (const int64_t after = next_checkpoint(s, at); after > 0 && after <= s.cache.cached + chunk)
+            chunk = at - s.cache.cached;
       const int64_t room =
           (static_cast<int64_t>(s.cache.blocks.size()) + blocks_.free_blocks()) * blocks_.block_size() - s.cache.cached;
       chunk = std::min(chunk, room);
@@ -234,10 +250,13 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     const int32_t before = s.cache.cached;
     s.cache.cached += chunk.tokens;
     blocks_.publish(s.cache, s.tokens, before);  // the blocks this chunk filled
+    if (chunk.state_to >= 0) {
+      std::swap(s.cache.slot, s.rolling);
+      s.rolling_blocks = before / blocks_.block_size();
+    }
     if (chunk.save_to >= 0) {
-      const int64_t saved = s.cache.cached / blocks_.block_size();
-      if (chunk.keep) blocks_.attach_checkpoint(s.cache, saved, chunk.save_to, false);
-      else s.rolling_blocks = saved;
+      s.kept_blocks = (before + chunk.save_at) / blocks_.block_size();
+      blocks_.attach_checkpoint(s.cache, s.kept_blocks, chunk.save_to, false);
     }
     if (s.forks > 0 && s.cache.cached == s.fork_at) fork(s);
     if (!chunk.samples) continue;

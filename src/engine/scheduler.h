@@ -19,12 +19,15 @@
 //   longest cached path of whole blocks its tokens spell, short of its last token; every block a
 //   step fills is published to the cache.
 // - A model with recurrent state starts there only from a checkpoint of the state (its slot is a
-//   copy of it) and saves checkpoints as it goes: a prefill chunk ends, and saves one, where the
-//   cached path it followed went on past the checkpoint it started from (the junction), at every
-//   multiple of checkpoint_interval tokens, and after its last whole block before its last token.
-//   Each step that ends a sequence's tokens on any other block boundary overwrites its rolling
-//   checkpoint, which is attached when it finishes or is preempted (the next turn of a
-//   conversation, or its own recompute, resumes there).
+//   copy of it) and keeps checkpoints as it goes, each the state inside or at the end of a chunk
+//   (one per chunk): where the cached path it followed went on past the checkpoint it started from
+//   (the junction), at every multiple of checkpoint_interval tokens, and after its last whole block
+//   before its last token.
+//   Each step that starts on another block boundary writes the state into the sequence's rolling
+//   slot and leaves the state it read behind (no copy: the two slots swap), so the rolling slot
+//   holds the state at the last boundary passed; it is attached when the sequence finishes or is
+//   preempted (its live slot instead, when it stops on a boundary), and the next turn of a
+//   conversation, or its own recompute, resumes there.
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -49,9 +52,12 @@ struct StepPlan {
     Sequence* sequence = nullptr;
     int32_t tokens = 0;
     bool samples = false;  // the chunk ends the sequence's uncached tokens: a token is sampled from it
-    // After the forward, the sequence's state is saved into this checkpoint slot (-1: not).
-    int32_t save_to = -1;
-    bool keep = false;  // attached at once (else it is the sequence's rolling checkpoint)
+    // The forward writes the sequence's state here instead of its slot, leaving the state it started
+    // from there (-1: in place); the sequence's slot and rolling slot then swap.
+    int32_t state_to = -1;
+    // The forward also leaves the state after the chunk's first save_at tokens in this checkpoint,
+    // attached at once (-1: none).
+    int32_t save_to = -1, save_at = 0;
   };
   std::vector<Chunk> chunks;  // the decodes first, then the prefill chunks
   // Before the forward, in order: slots to zero (from -1) and copies of recurrent state from one
@@ -120,10 +126,10 @@ class Scheduler {
   // parent with state has computed nothing yet).
   void fork(Sequence& parent);
   void hold(Sequence& s, int64_t tokens);
-  // Where a step taking `s` to `end` tokens saves its state (the chunk's save_to and keep).
+  // Where a step taking `s` to `end` tokens saves its state (the chunk's state_to and save_to).
   void plan_checkpoint(Sequence& s, int64_t end, StepPlan::Chunk& chunk);
   // The first position past `cached` where s's prefill keeps a checkpoint (0: none).
-  int64_t next_checkpoint(const Sequence& s) const;
+  int64_t next_checkpoint(const Sequence& s, int64_t cached) const;
   bool checkpoints() const { return blocks_.total_checkpoints() > 0; }
   // Releases s's blocks and slot, attaching its rolling checkpoint first (unless `keep_cache` is false).
   void let_go(Sequence& s, bool keep_cache = true);

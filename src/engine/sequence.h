@@ -32,9 +32,12 @@ struct Sequence {
   int32_t cached_prompt_tokens = 0;  // prompt tokens this choice did not compute itself
   // Checkpoints of the recurrent state (a model with state, with a prefix cache): the whole blocks
   // after which its prefill saves one for good (where the cached path it followed goes on without
-  // a checkpoint: the junction; its last whole block before its last token), and the checkpoint it
-  // overwrites at each block boundary it reaches after those, attached when it lets go of its blocks.
-  int64_t junction_blocks = 0, end_blocks = 0;
+  // a checkpoint: the junction; its last whole block before its last token), and the deepest whole
+  // block after which the cache already has its state (one it started from or kept). Past that, its
+  // rolling slot: each step from a block boundary writes the state there and leaves the state it read
+  // behind in the other slot (the two swap), so the rolling slot holds the state after the last
+  // boundary it passed (`rolling_blocks`), attached when it lets go of its blocks.
+  int64_t junction_blocks = 0, end_blocks = 0, kept_blocks = 0;
   int32_t rolling = -1;
   int64_t rolling_blocks = 0;
   Status status = Status::waiting;

@@ -100,10 +100,13 @@ Tensor Model::forward(const Batch& batch, ModelCache& cache,
     QINFER_CHECK(!s.tokens.empty() && s.cache != nullptr, "forward: every sequence needs tokens and a cache");
     for (int32_t t : s.tokens)
       QINFER_CHECK(t >= 0 && t < c.vocab_size, "token id {} is outside the vocabulary (0..{})", t, c.vocab_size - 1);
-    check_room(cache, *s.cache, static_cast<int64_t>(s.tokens.size()));
+    check_room(cache, *s.cache, static_cast<int64_t>(s.tokens.size()), s.state_to, s.snapshot_to);
     tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
     layout.seqs.cu_seqlens.push_back(static_cast<int32_t>(tokens.size()));
     layout.seqs.state_slot.push_back(s.cache->slot);
+    layout.seqs.state_to.push_back(s.state_to >= 0 ? s.state_to : s.cache->slot);
+    layout.seqs.snapshot_at.push_back(s.snapshot_to >= 0 ? s.snapshot_at : 0);
+    layout.seqs.snapshot_to.push_back(s.snapshot_to);
     layout.cached.push_back(s.cache->cached);
     layout.max_blocks = std::max<int32_t>(layout.max_blocks, static_cast<int32_t>(s.cache->blocks.size()));
     decode = decode && s.tokens.size() == 1 && !s.all_logits;
@@ -226,7 +229,10 @@ Tensor Model::run(const Batch& batch, const std::vector<int32_t>& tokens, layers
   ops_.linear(selected, lm_head, logits);
   ctx.named("logits", logits);
 
-  for (const Batch::Sequence& s : batch.sequences) s.cache->cached += static_cast<int32_t>(s.tokens.size());
+  for (const Batch::Sequence& s : batch.sequences) {
+    s.cache->cached += static_cast<int32_t>(s.tokens.size());
+    if (s.state_to >= 0) s.cache->slot = s.state_to;
+  }
   return logits;
 }
 

@@ -20,6 +20,11 @@ struct Batch {
     std::vector<int32_t> tokens;
     SequenceCache* cache = nullptr;  // advanced by forward()
     bool all_logits = false;          // logits for every token, else for the last one
+    // A model with recurrent state: the slot its state is written to (-1: its own, in place). The
+    // state it started from then stays behind in its slot, and forward() moves cache->slot here.
+    int32_t state_to = -1;
+    // And a slot that gets the state after its first snapshot_at tokens (-1: none), a checkpoint.
+    int32_t snapshot_at = 0, snapshot_to = -1;
   };
   std::vector<Sequence> sequences;
   // A decode step's block-table width (0: the smallest power of two ≥ 8 that holds every sequence's

@@ -358,7 +358,8 @@ void TensorParallelModel::follow() {
           sequences[i].cached = r.get<int32_t>();
           sequences[i].slot = r.get<int32_t>();
           const bool all_logits = r.get<uint8_t>() != 0;
-          batch.sequences.push_back({std::move(tokens), &sequences[i], all_logits});
+          const int32_t state_to = r.get<int32_t>(), snapshot_at = r.get<int32_t>(), snapshot_to = r.get<int32_t>();
+          batch.sequences.push_back({std::move(tokens), &sequences[i], all_logits, state_to, snapshot_at, snapshot_to});
         }
         (void)forward(batch, cache_of(id));
         break;
@@ -381,7 +382,7 @@ Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
     for (int32_t t : s.tokens)
       QINFER_CHECK(t >= 0 && t < config_.vocab_size, "token id {} is outside the vocabulary (0..{})", t,
                    config_.vocab_size - 1);
-    check_room(cache, *s.cache, static_cast<int64_t>(s.tokens.size()));
+    check_room(cache, *s.cache, static_cast<int64_t>(s.tokens.size()), s.state_to, s.snapshot_to);
   }
   if (leading_) {  // the followers run this forward on their ranks, with the blocks and slots assigned here
     Writer w(Op::forward);
@@ -395,6 +396,9 @@ Tensor TensorParallelModel::forward(const Batch& batch, ModelCache& cache,
       w.put(s.cache->cached);
       w.put(s.cache->slot);
       w.put(static_cast<uint8_t>(s.all_logits));
+      w.put(s.state_to);
+      w.put(s.snapshot_at);
+      w.put(s.snapshot_to);
     }
     tell_followers(w.bytes());
   }

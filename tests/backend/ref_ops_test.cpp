@@ -541,3 +541,38 @@ TEST_F(RefOps, SampleUsesTheSharedSamplingRules) {
 
 }  // namespace
 }  // namespace qinfer
+
+namespace qinfer {
+namespace {
+
+std::string layout_error(const SeqLayout& layout, int64_t tokens, int64_t slots) {
+  try {
+    check_seq_layout("test op", layout, tokens, slots);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A sequence may write its state to another slot than it reads (leaving a checkpoint behind), but no
+// slot is read or written by two sequences of one batch, and every target is a slot of the state.
+TEST(SeqLayout, TargetSlotsAreCheckedLikeTheSlotsRead) {
+  SeqLayout layout{.cu_seqlens = {0, 2, 3}, .state_slot = {0, 1}, .state_to = {}};
+  EXPECT_EQ(layout_error(layout, 3, 4), "");
+  EXPECT_EQ(layout.target_slot(1), 1) << "no targets: in place";
+  layout.state_to = {2, 1};
+  EXPECT_EQ(layout_error(layout, 3, 4), "");
+  EXPECT_EQ(layout.target_slot(0), 2);
+  layout.state_to = {1, 3};
+  EXPECT_NE(layout_error(layout, 3, 4).find("test op: state slot 1 is used by two sequences"), std::string::npos);
+  layout.state_to = {3, 3};
+  EXPECT_NE(layout_error(layout, 3, 4).find("state slot 3 is used by two sequences"), std::string::npos);
+  layout.state_to = {4, 1};
+  EXPECT_NE(layout_error(layout, 3, 4).find("state slot 4 is outside the 4 slots"), std::string::npos);
+  layout.state_to = {2};
+  EXPECT_NE(layout_error(layout, 3, 4).find("layout.state_to has 1 entries for 2 sequences"), std::string::npos);
+  EXPECT_EQ(layout_error(layout, 3, -1), "") << "an op without state checks no slots";
+}
+
+}  // namespace
+}  // namespace qinfer

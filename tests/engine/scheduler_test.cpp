@@ -229,7 +229,9 @@ class Harness {
     saves.clear();
     for (const auto& c : plan.chunks) {
       chunks.push_back({c.sequence->request, c.sequence->choice, c.tokens, c.samples});
-      if (c.save_to >= 0) saves.push_back({c.sequence->cache.cached + c.tokens, c.keep});
+      // A rolling checkpoint is the state a step from a boundary leaves behind; a kept one is copied after it.
+      if (c.state_to >= 0) saves.push_back({c.sequence->cache.cached, false});
+      if (c.save_to >= 0) saves.push_back({c.sequence->cache.cached + c.save_at, true});
     }
     std::vector<int32_t> ids(static_cast<size_t>(plan.sampled_rows()), token);
     for (const SampledToken& t : scheduler.postprocess(plan, ids)) {
@@ -254,7 +256,7 @@ class Harness {
   std::map<uint64_t, SequenceLimits> limits;
   StepPlan last;
   std::vector<Chunk> chunks;
-  std::vector<std::pair<int32_t, bool>> saves;  // (tokens cached after the step, kept) per chunk that saves
+  std::vector<std::pair<int32_t, bool>> saves;  // (tokens the checkpoint holds the state of, kept)
   std::map<std::pair<uint64_t, int32_t>, int> generated;
   std::map<std::pair<uint64_t, int32_t>, std::string> finished;
 };
@@ -395,33 +397,32 @@ std::vector<int32_t> iota_tokens(int32_t n, int32_t first = 100) {
 }
 
 // A model with state and a prefix cache: prefill chunks end where checkpoints are kept (every
-// interval, the last whole block before the last token), a decode reaching a block boundary
-// overwrites the rolling checkpoint, which is attached at the finish; the next turn of the
-// conversation starts from it with a copy of its state and computes only what is new.
+// interval, the last whole block before the last token); a sequence that stops on a block boundary
+// leaves its live state to the cache; the next turn of the conversation starts from it with a copy
+// of its state and computes only what is new.
 TEST(Scheduler, CheckpointsAtIntervalsPromptEndsAndFinishes) {
   Harness h(64, 4, 2, {.max_running = 2, .step_token_budget = 32, .checkpoint_interval = 8}, 8);
   std::vector<int32_t> turn = iota_tokens(14);
   h.add_tokens(1, turn, 7);
   h.step();
-  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 8, false})) << "cut at the interval";
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 8, false})) << "cut at the interval: 12 is one more";
   EXPECT_THAT(h.saves, ElementsAre(std::pair(8, true)));
   h.step();
-  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 4, false})) << "cut after the last whole block";
-  EXPECT_THAT(h.saves, ElementsAre(std::pair(12, true)));
-  h.step();
-  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 2, true}));
-  EXPECT_TRUE(h.saves.empty()) << "14 tokens: no block boundary";
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 6, true})) << "the rest in one chunk";
+  EXPECT_THAT(h.saves, ElementsAre(std::pair(12, true))) << "inside it: after the last whole block";
   std::vector<std::vector<std::pair<int32_t, bool>>> decode_saves;
   while (h.reason(1, 0).empty()) {
     h.step();
     decode_saves.push_back(h.saves);
   }
-  // Decodes take the cache from 14 to 20 tokens: 16 is an interval's, 20 the rolling checkpoint.
+  // Decodes take the cache from 14 to 20 tokens: 16 is an interval's (kept: no rolling one from
+  // there), and 20, where it stops, the live state's.
   using Saves = std::vector<std::pair<int32_t, bool>>;
-  EXPECT_THAT(decode_saves, ElementsAre(Saves{}, Saves{{16, true}}, Saves{}, Saves{}, Saves{}, Saves{{20, false}}));
+  EXPECT_THAT(decode_saves, ElementsAre(Saves{}, Saves{{16, true}}, Saves{}, Saves{}, Saves{}, Saves{}));
   EXPECT_EQ(h.reason(1, 0), "length");
   EXPECT_EQ(h.blocks.attached_checkpoints(), 4) << "8, 12, 16 and, at the finish, 20";
   EXPECT_EQ(h.blocks.used_slots(), 0);
+  EXPECT_EQ(h.blocks.free_slots(), 2) << "the live slot went to the cache, a checkpoint's took its place";
 
   // The next turn: the whole conversation so far (its last token was never fed back) and more.
   for (int i = 0; i < 7; ++i) turn.push_back(7);
@@ -430,10 +431,55 @@ TEST(Scheduler, CheckpointsAtIntervalsPromptEndsAndFinishes) {
   h.step();
   EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{2, 0, 4, true})) << "20 of 24 tokens cached";
   ASSERT_EQ(h.last.slot_work.size(), 1u);
-  EXPECT_GE(h.last.slot_work[0].from, 2) << "the slot starts as a copy of the checkpoint";
+  EXPECT_EQ(h.last.slot_work[0].from, 0) << "a copy of the checkpoint: the slot request 1 stopped in";
   EXPECT_EQ(h.scheduler.counts().reused_tokens, 20);
   EXPECT_EQ(h.scheduler.counts().prefix_hits, 1);
   EXPECT_EQ(h.scheduler.counts().prefix_misses, 1);
+}
+
+// A step from a block boundary past the kept checkpoints writes the state into the rolling slot and
+// leaves the state it read behind: the slots swap, nothing is copied. At a finish off a boundary the
+// rolling slot (the state at the last boundary passed) is attached, and the next turn resumes there.
+TEST(Scheduler, RollingCheckpointIsTheStateAStepFromABoundaryLeavesBehind) {
+  Harness h(64, 4, 2, {.max_running = 2, .step_token_budget = 32}, 8);
+  std::vector<int32_t> turn = iota_tokens(6);
+  h.add_tokens(1, turn, 9);
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{1, 0, 6, true}));
+  EXPECT_THAT(h.saves, ElementsAre(std::pair(4, true))) << "the last whole block before the last token";
+  std::vector<std::pair<int32_t, int32_t>> swaps;  // (tokens at the step's start, slot before -> after)
+  std::vector<int32_t> slots;
+  while (h.reason(1, 0).empty()) {
+    const StepPlan plan = h.scheduler.schedule();
+    ASSERT_EQ(plan.chunks.size(), 1u);
+    const StepPlan::Chunk& c = plan.chunks[0];
+    EXPECT_EQ(c.save_to, -1);
+    const int32_t start = c.sequence->cache.cached, slot = c.sequence->cache.slot;
+    if (c.state_to >= 0) {
+      EXPECT_NE(c.state_to, slot);
+      swaps.push_back({start, c.state_to});
+    }
+    slots.push_back(slot);
+    const auto out = h.scheduler.postprocess(plan, {7});
+    if (!out[0].finish_reason.empty()) h.finished[{1, 0}] = out[0].finish_reason;
+    else if (c.state_to >= 0) EXPECT_EQ(c.sequence->cache.slot, swaps.back().second) << "now the live slot";
+  }
+  // Decodes 6 -> 14: steps from 8 and 12 start on boundaries.
+  ASSERT_EQ(swaps.size(), 2u);
+  EXPECT_EQ(swaps[0].first, 8);
+  EXPECT_EQ(swaps[1].first, 12);
+  EXPECT_EQ(swaps[1].second, slots[2]) << "the second swap writes back into the slot the first left behind";
+  EXPECT_EQ(h.blocks.attached_checkpoints(), 2) << "4, and 12 (the rolling one) at the finish";
+  EXPECT_EQ(h.blocks.used_slots(), 0);
+  EXPECT_EQ(h.blocks.free_slots(), 2);
+
+  for (int i = 0; i < 8; ++i) turn.push_back(7);  // 14 fed tokens (the 9th reply token never was)
+  turn.push_back(500);
+  h.add_tokens(2, turn, 1);
+  h.step();
+  EXPECT_THAT(h.chunks, ElementsAre(Harness::Chunk{2, 0, 3, true})) << "12 of 15 tokens cached";
+  ASSERT_EQ(h.last.slot_work.size(), 1u);
+  EXPECT_EQ(h.last.slot_work[0].from, slots[6]) << "the checkpoint is the slot the step from 12 read";
 }
 
 // A request that leaves a cached path past its deepest checkpoint computes from that checkpoint and

@@ -11,6 +11,7 @@
 #include <span>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "ops/harness.h"
 
 namespace qinfer::harness {
@@ -31,6 +32,52 @@ SeqLayout make_layout(const std::vector<int32_t>& lens, int64_t slots, Rng& rng)
   std::shuffle(slot.begin(), slot.end(), rng.engine());
   layout.state_slot.assign(slot.begin(), slot.begin() + lens.size());
   return layout;
+}
+
+// Gives most sequences of `layout` a target slot of their own among the slots it leaves unused (every
+// one but each third stays in place), as a step that leaves checkpoints behind does.
+void move_targets(SeqLayout& layout, int64_t slots) {
+  std::vector<int32_t> unused;
+  for (int32_t slot = 0; slot < slots; ++slot)
+    if (std::find(layout.state_slot.begin(), layout.state_slot.end(), slot) == layout.state_slot.end())
+      unused.push_back(slot);
+  layout.state_to = layout.state_slot;
+  for (int64_t s = 0; s < layout.num_seqs(); ++s)
+    if (s % 3 != 1) {
+      QINFER_CHECK(!unused.empty(), "move_targets: too few slots");
+      layout.state_to[static_cast<size_t>(s)] = unused.back();
+      unused.pop_back();
+    }
+}
+
+// Gives every other sequence with tokens (the first, the third, ...) a snapshot in a slot no one uses:
+// alternately inside its tokens and after all of them.
+void add_snapshots(SeqLayout& layout, int64_t slots) {
+  std::vector<int32_t> unused;
+  for (int32_t slot = 0; slot < slots; ++slot)
+    if (std::find(layout.state_slot.begin(), layout.state_slot.end(), slot) == layout.state_slot.end() &&
+        std::find(layout.state_to.begin(), layout.state_to.end(), slot) == layout.state_to.end())
+      unused.push_back(slot);
+  layout.snapshot_at.assign(static_cast<size_t>(layout.num_seqs()), 0);
+  layout.snapshot_to.assign(static_cast<size_t>(layout.num_seqs()), -1);
+  int64_t given = 0;
+  for (int64_t s = 0; s < layout.num_seqs(); ++s) {
+    const int32_t len = layout.cu_seqlens[static_cast<size_t>(s) + 1] - layout.cu_seqlens[static_cast<size_t>(s)];
+    if (len == 0 || s % 2 == 1) continue;
+    QINFER_CHECK(!unused.empty(), "add_snapshots: too few slots");
+    layout.snapshot_at[static_cast<size_t>(s)] = given++ % 2 == 0 ? std::max(1, len / 2 + 3) : len;
+    layout.snapshot_at[static_cast<size_t>(s)] = std::min(layout.snapshot_at[static_cast<size_t>(s)], len);
+    layout.snapshot_to[static_cast<size_t>(s)] = unused.back();
+    unused.pop_back();
+  }
+}
+
+// How a case's sequences use their slots: in place, written elsewhere, and with snapshots as well.
+enum class Slots { in_place, moved, snapshots };
+std::string slots_str(Slots v) { return v == Slots::moved ? " moved" : v == Slots::snapshots ? " snapshots" : ""; }
+void arrange_slots(SeqLayout& layout, int64_t slots, Slots v) {
+  if (v != Slots::in_place) move_targets(layout, slots);
+  if (v == Slots::snapshots) add_snapshots(layout, slots);
 }
 
 void add_linear(std::vector<Case>& cases) {
@@ -669,13 +716,28 @@ void add_gdn(std::vector<Case>& cases) {
                      }});
   }
 
-  struct Conv { int64_t C, K; std::vector<int32_t> lens; };
-  const std::vector<Conv> convs = {{1, 1, {1}}, {17, 4, {1}}, {64, 4, {1, 2, 5, 0, 3}}, {33, 3, {40, 1}},
-                                   {130, 4, {70}}, {2048, 4, {1, 1, 1}}};
+  // Slots::moved: sequences write their windows to other slots, and the ones they read stay as they
+  // were; snapshots: the windows before a snapshot token in other slots as well.
+  struct Conv { int64_t C, K; std::vector<int32_t> lens; Slots slots = Slots::in_place; };
+  const std::vector<Conv> convs = {{1, 1, {1}},
+                                   {17, 4, {1}},
+                                   {64, 4, {1, 2, 5, 0, 3}},
+                                   {33, 3, {40, 1}},
+                                   {130, 4, {70}},
+                                   {2048, 4, {1, 1, 1}},
+                                   {64, 4, {1, 2, 5, 0, 3}, Slots::moved},
+                                   {130, 4, {70}, Slots::moved},
+                                   {2048, 4, {1, 1, 1}, Slots::moved},
+                                   {33, 3, {0, 40}, Slots::moved},
+                                   {64, 4, {1, 2, 5, 0, 3, 9}, Slots::snapshots},
+                                   {130, 4, {70, 2, 33}, Slots::snapshots},
+                                   {2048, 4, {2, 1, 1}, Slots::snapshots}};
   for (const Conv& s : convs) {
-    cases.push_back({"conv1d_causal", fmt::format("C={} K={} lens={}", s.C, s.K, seqs_str(s.lens)), [=](Run& r) {
-                       const int64_t slots = static_cast<int64_t>(s.lens.size()) + 2;
-                       const SeqLayout layout = make_layout(s.lens, slots, r.rng);
+    cases.push_back({"conv1d_causal", fmt::format("C={} K={} lens={}{}", s.C, s.K, seqs_str(s.lens), slots_str(s.slots)),
+                     [=](Run& r) {
+                       const int64_t slots = 3 * static_cast<int64_t>(s.lens.size()) + 2;
+                       SeqLayout layout = make_layout(s.lens, slots, r.rng);
+                       arrange_slots(layout, slots, s.slots);
                        const int64_t T = layout.num_tokens();
                        Tensor x = random_tensor(r.rng, DType::f32, {T, s.C});
                        Tensor w = random_tensor(r.rng, DType::f32, {s.C, s.K}, 0.5f);
@@ -690,22 +752,31 @@ void add_gdn(std::vector<Case>& cases) {
                      }});
   }
 
-  struct Rule { int64_t Hk, Hv, Dk, Dv; std::vector<int32_t> lens; };
+  struct Rule { int64_t Hk, Hv, Dk, Dv; std::vector<int32_t> lens; Slots slots = Slots::in_place; };
   // Chunked coverage: partial last chunks, several sequences, Dv past the 32-row tiles and past the
-  // padded key width (17 → 32), and key dims the 16-byte copies cannot take.
+  // padded key width (17 → 32), and key dims the 16-byte copies cannot take. Slots::moved: states
+  // written to other slots (one of no tokens too: its target gets the state as it was); snapshots:
+  // states inside and at the end of sequences as well (chunked: some inside a chunk, some across).
   const std::vector<Rule> rules = {{1, 1, 16, 16, {1}},        {2, 4, 32, 16, {3, 65}},   {4, 4, 128, 128, {1, 1}},
                                    {2, 2, 17, 9, {130, 5, 64}}, {1, 2, 64, 32, {200, 0}}, {2, 4, 128, 128, {70}},
-                                   {2, 4, 128, 128, {1, 63, 65, 200}}, {1, 2, 17, 40, {150, 64}}};
+                                   {2, 4, 128, 128, {1, 63, 65, 200}}, {1, 2, 17, 40, {150, 64}},
+                                   {2, 4, 128, 128, {1, 63, 65, 200}, Slots::moved},
+                                   {1, 2, 64, 32, {0, 200, 70}, Slots::moved},
+                                   {4, 4, 128, 128, {1, 1, 1, 1}, Slots::moved},
+                                   {2, 4, 128, 128, {130, 63, 65, 200, 1}, Slots::snapshots},
+                                   {2, 2, 17, 9, {150, 5, 64, 70}, Slots::snapshots},
+                                   {4, 4, 128, 128, {1, 1, 1, 1}, Slots::snapshots}};
   const std::pair<GdnAlgorithm, const char*> algorithms[] = {
       {GdnAlgorithm::recurrent, "recurrent"}, {GdnAlgorithm::chunked, "chunked"}, {GdnAlgorithm::automatic, "auto"}};
   for (const auto& [algorithm, algorithm_name] : algorithms) {
     for (const Rule& s : rules) {
       cases.push_back({"gated_delta_rule",
-                       fmt::format("{} Hk={} Hv={} Dk={} Dv={} lens={}", algorithm_name, s.Hk, s.Hv, s.Dk, s.Dv,
-                                   seqs_str(s.lens)),
+                       fmt::format("{} Hk={} Hv={} Dk={} Dv={} lens={}{}", algorithm_name, s.Hk, s.Hv, s.Dk, s.Dv,
+                                   seqs_str(s.lens), slots_str(s.slots)),
                        [=, algorithm = algorithm](Run& r) {
-                         const int64_t slots = static_cast<int64_t>(s.lens.size()) + 1;
-                         const SeqLayout layout = make_layout(s.lens, slots, r.rng);
+                         const int64_t slots = 3 * static_cast<int64_t>(s.lens.size()) + 1;
+                         SeqLayout layout = make_layout(s.lens, slots, r.rng);
+                         arrange_slots(layout, slots, s.slots);
                          const int64_t T = layout.num_tokens();
                          Tensor q = random_tensor(r.rng, DType::f32, {T, s.Hk, s.Dk});
                          Tensor k = random_tensor(r.rng, DType::f32, {T, s.Hk, s.Dk});

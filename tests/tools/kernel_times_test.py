@@ -45,7 +45,9 @@ class KernelTimes(unittest.TestCase):
                  (GEMV, "(128, 1, 1)", "9,000"), (PARTS, "(19, 1, 1)", "4,000"), (MERGE, "(1, 1, 1)", "2,000")]
         tail = [(GEMV, "(192, 1, 1)", "77,000")]  # a step cut short: left out
         launches = kernel_times.read_launches(csv_text(prefill + step1 + step2 + tail))
-        step = kernel_times.last_step(launches)
+        all_steps = kernel_times.steps(launches)
+        self.assertEqual(len(all_steps), 1)  # step1 has no STEP_END before it
+        step = all_steps[-1]
         self.assertEqual(len(step), 6)
         self.assertAlmostEqual(sum(us for _, _, us in step), 44.0)
         out = kernel_times.table(step)
@@ -58,6 +60,14 @@ class KernelTimes(unittest.TestCase):
         self.assertIn("13.00", lines[2])  # median of 12 and 14
         self.assertTrue(any("norm_vec_kernel<3, 256, 4>" in line for line in lines))
 
+    def test_the_longest_step_is_the_one_with_the_most_kernel_time(self):
+        short = [(GEMV, "(192, 1, 1)", "10,000"), (MERGE, "(1, 1, 1)", "2,000")]
+        long = [(GEMV, "(512, 1, 1)", "90,000"), (NORM, "(64, 1, 1)", "5,000"), (MERGE, "(1, 1, 1)", "2,000")]
+        launches = kernel_times.read_launches(csv_text(short + long + short + short))
+        step = kernel_times.longest(kernel_times.steps(launches))
+        self.assertEqual(len(step), 3)
+        self.assertAlmostEqual(sum(us for _, _, us in step), 97.0)
+
     def test_microsecond_units_are_read(self):
         launches = kernel_times.read_launches(csv_text([(MERGE, "(1, 1, 1)", "1.5")], unit="us"))
         self.assertAlmostEqual(launches[0][2], 1.5)
@@ -69,7 +79,7 @@ class KernelTimes(unittest.TestCase):
                 f.write(csv_text([(GEMV, "(192, 1, 1)", "1")]))
             proc = subprocess.run([sys.executable, SCRIPT, path], capture_output=True, text=True, timeout=60)
             self.assertEqual(proc.returncode, 1)
-            self.assertIn("no complete greedy decode step", proc.stderr)
+            self.assertIn("no complete greedy step", proc.stderr)
             with open(path, "w") as f:
                 f.write("not a csv\n")
             proc = subprocess.run([sys.executable, SCRIPT, path], capture_output=True, text=True, timeout=60)

@@ -11,7 +11,8 @@ A step is what runs after one greedy pick (argmax_merge_kernel, the step's last 
 next: the table is the last complete step, its kernels grouped by name and grid, with how often each ran in the
 step, its median time and its share. ncu serialises kernels, so the sum is the step's kernel time without the
 overlap of programmatic dependent launch and without launch gaps: compare it with bench's ms/step.
-(tools/gpu_bench/check.sh --kernel-times SHAPE does all of this.)
+(tools/gpu_bench/check.sh --kernel-times SHAPE does all of this.) With --longest, the step with the most kernel
+time instead: run bench with one --prompt length and --gen 1 to see a prefill's kernels.
 """
 
 import argparse
@@ -59,12 +60,17 @@ def short_name(name):
     return re.sub(r"\bqinfer::(cuda::)?", "", name[:cut])
 
 
-def last_step(launches):
-    """The launches of the last complete decode step (after one STEP_END up to and including the next)."""
+def steps(launches):
+    """The launches of each complete step (after one STEP_END up to and including the next)."""
     ends = [i for i, (name, _, _) in enumerate(launches) if name.startswith(STEP_END)]
     if len(ends) < 2:
-        raise ValueError(f"fewer than two {STEP_END} launches: no complete greedy decode step in the input")
-    return launches[ends[-2] + 1 : ends[-1] + 1]
+        raise ValueError(f"fewer than two {STEP_END} launches: no complete greedy step in the input")
+    return [launches[a + 1 : b + 1] for a, b in zip(ends, ends[1:])]
+
+
+def longest(all_steps):
+    """The step with the most kernel time: in a bench run of one prefill length, a timed prefill."""
+    return max(all_steps, key=lambda step: sum(us for _, _, us in step))
 
 
 def table(step):
@@ -84,10 +90,13 @@ def table(step):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", help="ncu --csv output with gpu__time_duration.sum ('-': standard input)")
+    parser.add_argument("--longest", action="store_true",
+                        help="the step with the most kernel time (a prefill) instead of the last one")
     args = parser.parse_args(argv)
     text = sys.stdin.read() if args.csv == "-" else open(args.csv, encoding="utf-8", errors="replace").read()
     try:
-        print(table(last_step(read_launches(text))))
+        all_steps = steps(read_launches(text))
+        print(table(longest(all_steps) if args.longest else all_steps[-1]))
     except ValueError as e:
         print(f"kernel_times.py: {args.csv}: {e}", file=sys.stderr)
         return 1

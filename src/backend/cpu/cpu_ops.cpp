@@ -62,24 +62,7 @@ void check_shape(std::string_view op, std::string_view arg, const Tensor& t, con
 }
 
 void check_layout(std::string_view op, const SeqLayout& layout, int64_t tokens, int64_t slots) {
-  const auto& cu = layout.cu_seqlens;
-  QINFER_CHECK(!cu.empty() && cu[0] == 0, "cpu {}: layout.cu_seqlens must start with 0", op);
-  for (size_t s = 0; s + 1 < cu.size(); ++s)
-    QINFER_CHECK(cu[s] <= cu[s + 1], "cpu {}: layout.cu_seqlens decreases at {}: {} > {}", op, s, cu[s], cu[s + 1]);
-  QINFER_CHECK(cu.back() == tokens, "cpu {}: layout.cu_seqlens covers {} tokens but the batch has {}", op, cu.back(),
-               tokens);
-  if (slots < 0) return;
-  QINFER_CHECK(static_cast<int64_t>(layout.state_slot.size()) == layout.num_seqs(),
-               "cpu {}: layout.state_slot has {} entries for {} sequences", op, layout.state_slot.size(),
-               layout.num_seqs());
-  std::vector<int32_t> sorted = layout.state_slot;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    QINFER_CHECK(sorted[i] >= 0 && sorted[i] < slots, "cpu {}: state slot {} is outside the {} slots of the state", op,
-                 sorted[i], slots);
-    QINFER_CHECK(i == 0 || sorted[i] != sorted[i - 1], "cpu {}: state slot {} is used by two sequences of one batch",
-                 op, sorted[i]);
-  }
+  check_seq_layout(fmt::format("cpu {}", op), layout, tokens, slots);
 }
 
 namespace {

@@ -51,12 +51,19 @@ void conv1d_causal(const Context& ctx, const Tensor& x, const Tensor& w, const S
   std::vector<float> frames(window * C);
   for (int64_t s = 0; s < layout.num_seqs(); ++s) {
     const int64_t len = cu[s + 1] - cu[s];
-    if (len == 0) continue;
-    float* state = conv_state.ptr<float>() + layout.state_slot[s] * window * C;
-    const int64_t keep = std::max<int64_t>(0, window - len);  // old frames still inside the window
-    std::copy_n(state + (window - keep) * C, keep * C, frames.begin());
-    std::copy_n(x.ptr<float>() + (cu[s + 1] - (window - keep)) * C, (window - keep) * C, frames.begin() + keep * C);
-    std::copy(frames.begin(), frames.end(), state);
+    const float* state = conv_state.ptr<float>() + layout.state_slot[s] * window * C;
+    float* target = conv_state.ptr<float>() + layout.target_slot(s) * window * C;
+    const int32_t snapshot = layout.snapshot_slot(s);
+    if (len == 0 && target == state && snapshot < 0) continue;
+    // The last K−1 frames of [old window | the sequence's first n frames] into `to`.
+    auto window_after = [&](int64_t n, float* to) {
+      const int64_t keep = std::max<int64_t>(0, window - n);  // old frames still inside the window
+      std::copy_n(state + (window - keep) * C, keep * C, frames.begin());
+      std::copy_n(x.ptr<float>() + (cu[s] + n - (window - keep)) * C, (window - keep) * C, frames.begin() + keep * C);
+      std::copy(frames.begin(), frames.end(), to);
+    };
+    if (snapshot >= 0) window_after(layout.snapshot_tokens(s), conv_state.ptr<float>() + snapshot * window * C);
+    window_after(len, target);
   }
 }
 
@@ -69,6 +76,18 @@ struct HeadView {
   int64_t q_stride, v_stride, gate_stride;  // elements between consecutive tokens
   float* out;
   int64_t dk, dv;
+
+  // The view from token n on.
+  HeadView from(int64_t n) const {
+    HeadView h = *this;
+    h.q += n * q_stride;
+    h.k += n * q_stride;
+    h.v += n * v_stride;
+    h.out += n * v_stride;
+    h.g += n * gate_stride;
+    h.beta += n * gate_stride;
+    return h;
+  }
 };
 
 void recurrent(const Context& ctx, const HeadView& h, int64_t len, float* S) {
@@ -199,13 +218,24 @@ void gated_delta_rule(const Context& ctx, const Tensor& q, const Tensor& k, cons
                           out.ptr<float>() + (t0 * Hv + h) * Dv,
                           Dk,
                           Dv};
-      float* St = state.ptr<float>() + (layout.state_slot[s] * Hv + h) * Dv * Dk;
+      // The rule runs on the target slot's copy of the state it starts from.
+      const float* S0 = state.ptr<float>() + (layout.state_slot[s] * Hv + h) * Dv * Dk;
+      float* St = state.ptr<float>() + (layout.target_slot(s) * Hv + h) * Dv * Dk;
+      if (St != S0) std::copy_n(S0, Dv * Dk, St);
       const bool use_chunks =
           algorithm == GdnAlgorithm::chunked || (algorithm == GdnAlgorithm::automatic && len > kChunk);
-      if (use_chunks) {
-        chunked(ctx, view, len, St);
+      auto rule = [&](const HeadView& part, int64_t n) {
+        if (use_chunks) chunked(ctx, part, n, St);
+        else recurrent(ctx, part, n, St);
+      };
+      if (const int32_t snapshot = layout.snapshot_slot(s); snapshot >= 0) {
+        // The tokens before the snapshot, the state as it is then, the rest.
+        const int64_t at = layout.snapshot_tokens(s);
+        rule(view, at);
+        std::copy_n(St, Dv * Dk, state.ptr<float>() + (snapshot * Hv + h) * Dv * Dk);
+        rule(view.from(at), len - at);
       } else {
-        recurrent(ctx, view, len, St);
+        rule(view, len);
       }
     }
   });

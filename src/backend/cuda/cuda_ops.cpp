@@ -92,24 +92,7 @@ RopeTable rope_table(std::string_view op, const Tensor& x, const Tensor& positio
 // cu_seqlens runs from 0 to `tokens` without decreasing; with `slots` ≥ 0 every sequence names a
 // distinct state slot below it.
 void check_layout(std::string_view op, const SeqLayout& layout, int64_t tokens, int64_t slots) {
-  const auto& cu = layout.cu_seqlens;
-  QINFER_CHECK(!cu.empty() && cu[0] == 0, "cuda {}: layout.cu_seqlens must start with 0", op);
-  for (size_t s = 0; s + 1 < cu.size(); ++s)
-    QINFER_CHECK(cu[s] <= cu[s + 1], "cuda {}: layout.cu_seqlens decreases at {}: {} > {}", op, s, cu[s], cu[s + 1]);
-  QINFER_CHECK(cu.back() == tokens, "cuda {}: layout.cu_seqlens covers {} tokens but the batch has {}", op, cu.back(),
-               tokens);
-  if (slots < 0) return;
-  QINFER_CHECK(static_cast<int64_t>(layout.state_slot.size()) == layout.num_seqs(),
-               "cuda {}: layout.state_slot has {} entries for {} sequences", op, layout.state_slot.size(),
-               layout.num_seqs());
-  std::vector<int32_t> sorted = layout.state_slot;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    QINFER_CHECK(sorted[i] >= 0 && sorted[i] < slots, "cuda {}: state slot {} is outside the {} slots of the state",
-                 op, sorted[i], slots);
-    QINFER_CHECK(i == 0 || sorted[i] != sorted[i - 1], "cuda {}: state slot {} is used by two sequences of one batch",
-                 op, sorted[i]);
-  }
+  check_seq_layout(fmt::format("cuda {}", op), layout, tokens, slots);
 }
 
 // Validates a paged layout against a pool of `num_blocks` blocks: every position a sequence stores
@@ -979,7 +962,7 @@ class CudaOps final : public Ops {
     check_distinct("conv1d_causal", "out", out, "x", x);
     check_layout("conv1d_causal", layout, T, conv_state.dim(0));
     enter();
-    const SeqArrays arrays = upload_seqs(conv_layout_, layout, nullptr, nullptr);
+    const SeqArrays arrays = upload_seqs(conv_layout_, layout);
     if (replaying()) return;
     launch_conv1d_causal(x.ptr<float>(), w.ptr<float>(), arrays, T, C, K, conv_state.ptr<float>(), out.ptr<float>(),
                          stream());
@@ -1019,29 +1002,70 @@ class CudaOps final : public Ops {
                  "cuda {}: the chunked kernels take key head dims up to {} within this GPU's {} bytes of shared "
                  "memory, got Dk {}",
                  op, kDeltaChunkedMaxDk, max_shared_, Dk);
-    recurrent_seqs_.clear();
-    chunked_seqs_.clear();
-    int64_t max_chunked_len = 0;
+    // A sequence with a snapshot before its last token runs in two rounds: its first snapshot_at
+    // tokens into the snapshot slot, then the rest from there into its target. A snapshot after all
+    // its tokens is one more store of the state in the one round.
+    delta_pieces_.clear();
+    delta_rest_.clear();
     const auto& cu = layout.cu_seqlens;
     for (int64_t s = 0; s < layout.num_seqs(); ++s) {
-      const int64_t len = cu[s + 1] - cu[s];
-      if (len == 0) continue;
-      const bool chunked = algorithm == GdnAlgorithm::chunked ||
-                           (algorithm == GdnAlgorithm::automatic && chunk_fits && len > kDeltaChunk);
-      (chunked ? chunked_seqs_ : recurrent_seqs_).push_back(static_cast<int32_t>(s));
-      if (chunked) max_chunked_len = std::max(max_chunked_len, len);
+      const int32_t begin = cu[s], end = cu[s + 1], from = layout.state_slot[static_cast<size_t>(s)];
+      const int32_t to = layout.target_slot(s), snapshot = layout.snapshot_slot(s);
+      // One with no tokens still owes its target a copy of its state (the recurrent kernel's).
+      if (begin == end && to == from) continue;
+      const int32_t at = begin + layout.snapshot_tokens(s);
+      if (snapshot >= 0 && at < end) {
+        delta_pieces_.push_back({begin, at, from, snapshot, -1});
+        delta_rest_.push_back({at, end, snapshot, to, -1});
+      } else {
+        delta_pieces_.push_back({begin, end, from, to, snapshot});
+      }
     }
-    const SeqArrays arrays = upload_seqs(delta_layout_, layout, &recurrent_seqs_, &chunked_seqs_);
-    if (replaying()) return;
-    const int32_t* recurrent_list = arrays.token_seq + T;
-    const int32_t* chunked_list = recurrent_list + recurrent_seqs_.size();
-    launch_delta_rule_recurrent(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
-                                arrays, recurrent_list, static_cast<int64_t>(recurrent_seqs_.size()), Hk, Hv, Dk, Dv,
-                                state.ptr<float>(), out.ptr<float>(), stream());
-    Scratch work = scratch(chunked_seqs_.empty() ? 0 : delta_chunked_work_floats(T, Hv, Dk) * sizeof(float));
-    launch_delta_rule_chunked(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
-                              arrays, chunked_list, static_cast<int64_t>(chunked_seqs_.size()), max_chunked_len, T,
-                              Hk, Hv, Dk, Dv, work.as<float>(), state.ptr<float>(), out.ptr<float>(), stream());
+    QINFER_CHECK(delta_rest_.empty() || mode_ == Mode::eager,
+                 "cuda {}: a recorded step has a snapshot before a sequence's last token", op);
+    const bool automatic_chunks = algorithm == GdnAlgorithm::automatic && chunk_fits;
+    const auto round = [&](const std::vector<DeltaPiece>& pieces, IndexUpload& cache) {
+      recurrent_seqs_.clear();
+      chunked_seqs_.clear();
+      int64_t max_chunked_len = 0;
+      // Entries of the device layout: each piece, and the gaps between pieces (listed nowhere).
+      blob_.assign(1, 0);
+      std::vector<int32_t> from, to, also;
+      for (const DeltaPiece& p : pieces) {
+        if (p.begin > blob_.back()) {
+          blob_.push_back(p.begin);
+          from.push_back(0), to.push_back(0), also.push_back(-1);
+        }
+        const int64_t len = p.end - p.begin;
+        const bool chunked = len > 0 && (algorithm == GdnAlgorithm::chunked || (automatic_chunks && len > kDeltaChunk));
+        (chunked ? chunked_seqs_ : recurrent_seqs_).push_back(static_cast<int32_t>(from.size()));
+        if (chunked) max_chunked_len = std::max(max_chunked_len, len);
+        blob_.push_back(p.end);
+        from.push_back(p.from), to.push_back(p.to), also.push_back(p.also);
+      }
+      const int64_t E = static_cast<int64_t>(from.size());
+      for (const auto* part : {&from, &to, &also, &recurrent_seqs_, &chunked_seqs_})
+        blob_.insert(blob_.end(), part->begin(), part->end());
+      const int32_t* base = upload(cache, blob_);
+      if (replaying()) return;
+      SeqArrays arrays;
+      arrays.cu_seqlens = base;
+      arrays.state_slot = base + E + 1;
+      arrays.state_to = arrays.state_slot + E;
+      arrays.snapshot_to = arrays.state_to + E;
+      arrays.num_seqs = E;
+      const int32_t* recurrent_list = arrays.snapshot_to + E;
+      const int32_t* chunked_list = recurrent_list + recurrent_seqs_.size();
+      launch_delta_rule_recurrent(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
+                                  arrays, recurrent_list, static_cast<int64_t>(recurrent_seqs_.size()), Hk, Hv, Dk, Dv,
+                                  state.ptr<float>(), out.ptr<float>(), stream());
+      Scratch work = scratch(chunked_seqs_.empty() ? 0 : delta_chunked_work_floats(T, Hv, Dk) * sizeof(float));
+      launch_delta_rule_chunked(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), g.ptr<float>(), beta.ptr<float>(),
+                                arrays, chunked_list, static_cast<int64_t>(chunked_seqs_.size()), max_chunked_len, T,
+                                Hk, Hv, Dk, Dv, work.as<float>(), state.ptr<float>(), out.ptr<float>(), stream());
+    };
+    round(delta_pieces_, delta_layout_);
+    if (!delta_rest_.empty()) round(delta_rest_, delta_rest_layout_);
   }
 
   // Counters for `n` (tile, kv head) pairs of the decode attention, or null (more than it holds, or
@@ -1650,23 +1674,28 @@ class CudaOps final : public Ops {
     return arrays;
   }
 
-  // The sequence layout on the device: [cu_seqlens | state_slot | token_seq | lists...].
-  SeqArrays upload_seqs(IndexUpload& cache, const SeqLayout& layout, const std::vector<int32_t>* list_a,
-                        const std::vector<int32_t>* list_b) {
+  // conv1d_causal's sequence layout on the device: [cu_seqlens | state_slot | state_to | snapshot_at |
+  // snapshot_to | token_seq].
+  SeqArrays upload_seqs(IndexUpload& cache, const SeqLayout& layout) {
     const int64_t S = layout.num_seqs();
     const auto& cu = layout.cu_seqlens;
     blob_.clear();
     blob_.insert(blob_.end(), cu.begin(), cu.end());
     blob_.insert(blob_.end(), layout.state_slot.begin(), layout.state_slot.end());
+    const auto& targets = layout.state_to.empty() ? layout.state_slot : layout.state_to;
+    blob_.insert(blob_.end(), targets.begin(), targets.end());
+    for (int64_t s = 0; s < S; ++s) blob_.push_back(layout.snapshot_tokens(s));
+    for (int64_t s = 0; s < S; ++s) blob_.push_back(layout.snapshot_slot(s));
     for (int64_t s = 0; s < S; ++s)
       for (int64_t t = cu[s]; t < cu[s + 1]; ++t) blob_.push_back(static_cast<int32_t>(s));
-    for (const auto* list : {list_a, list_b})
-      if (list) blob_.insert(blob_.end(), list->begin(), list->end());
     const int32_t* base = upload(cache, blob_);
     SeqArrays arrays;
     arrays.cu_seqlens = base;
     arrays.state_slot = base + (S + 1);
-    arrays.token_seq = arrays.state_slot + S;
+    arrays.state_to = arrays.state_slot + S;
+    arrays.snapshot_at = arrays.state_to + S;
+    arrays.snapshot_to = arrays.snapshot_at + S;
+    arrays.token_seq = arrays.snapshot_to + S;
     arrays.num_seqs = S;
     return arrays;
   }
@@ -1678,7 +1707,13 @@ class CudaOps final : public Ops {
   DeviceStatus* status_ = nullptr;
   int sm_count_ = 0;
   size_t max_shared_ = 0;
-  IndexUpload attention_layout_, attention_tiles_, conv_layout_, delta_layout_;
+  IndexUpload attention_layout_, attention_tiles_, conv_layout_, delta_layout_, delta_rest_layout_;
+  // gated_delta_rule's runs of tokens: [begin, end) of one sequence from one slot to another (and a
+  // copy of the state after it into `also`, -1: none).
+  struct DeltaPiece {
+    int32_t begin, end, from, to, also;
+  };
+  std::vector<DeltaPiece> delta_pieces_, delta_rest_;
   // upload_attention's arrays of the recorded step layout_step_ (0: none), for the layout at layout_source_.
   uint64_t layout_step_ = 0;
   const AttentionLayout* layout_source_ = nullptr;

@@ -29,8 +29,9 @@ __global__ void conv1d_kernel(const float* __restrict__ x, const float* __restri
   }
 }
 
-// Each (sequence, channel) keeps its last K − 1 frames of [old window | sequence]. Frame i of the new
-// window is frame len + i of that concatenation: ascending i only reads frames not yet overwritten.
+// Each (sequence, channel) keeps its last K − 1 frames of [old window | sequence], in its target slot.
+// Frame i of the new window is frame len + i of that concatenation: in place, ascending i only reads
+// frames not yet overwritten.
 __global__ void conv1d_window_kernel(const float* __restrict__ x, SeqArrays L, int64_t C, int K, float* conv_state) {
   allow_next_kernel();
   wait_for_previous_kernel();
@@ -39,11 +40,20 @@ __global__ void conv1d_window_kernel(const float* __restrict__ x, SeqArrays L, i
        idx += int64_t{gridDim.x} * kThreads) {
     const int64_t s = idx / C, c = idx % C;
     const int64_t first = L.cu_seqlens[s], len = L.cu_seqlens[s + 1] - first;
-    if (len == 0) continue;
-    float* state = conv_state + static_cast<int64_t>(L.state_slot[s]) * window * C;
+    const float* state = conv_state + static_cast<int64_t>(L.state_slot[s]) * window * C;
+    float* target = conv_state + static_cast<int64_t>(L.state_to[s]) * window * C;
+    const int32_t snapshot = L.snapshot_to[s];
+    if (len == 0 && target == state && snapshot < 0) continue;
+    if (snapshot >= 0) {  // before the target's frames move on (in place, they are the ones read)
+      float* frames = conv_state + static_cast<int64_t>(snapshot) * window * C;
+      for (int i = 0; i < window; ++i) {
+        const int64_t src = L.snapshot_at[s] + i;
+        frames[i * C + c] = src < window ? state[src * C + c] : x[(first + src - window) * C + c];
+      }
+    }
     for (int i = 0; i < window; ++i) {
       const int64_t src = len + i;
-      state[i * C + c] = src < window ? state[src * C + c] : x[(first + src - window) * C + c];
+      target[i * C + c] = src < window ? state[src * C + c] : x[(first + src - window) * C + c];
     }
   }
 }
@@ -52,7 +62,8 @@ constexpr int kDeltaWarps = 4;
 constexpr int kDeltaRowsPerWarp = 4;
 constexpr int kDeltaRowsPerBlock = kDeltaWarps * kDeltaRowsPerWarp;
 
-// One block per (sequence, value head, run of 16 state rows). State row i (over Dk) is independent
+// One block per (sequence, value head, run of 16 state rows), reading the state from the sequence's
+// slot and leaving it in its target slot (and its snapshot slot, if any: the state after all its tokens). State row i (over Dk) is independent
 // of the other rows given the token's k, q, v_i, g, β, so each warp owns 4 rows, each lane
 // kPerLane of their columns, and every step is a pair of warp reductions per row:
 //   S ← e^g S;  δ_i = β (v_i − S_i·k);  S_i ← S_i + δ_i k;  o_i = S_i·q.
@@ -69,7 +80,9 @@ __global__ void __launch_bounds__(kDeltaWarps* kWarp, 4)
   const int64_t h = blockIdx.y, kh = h / (Hv / Hk);
   const int row0 = (blockIdx.z * kDeltaWarps + warp) * kDeltaRowsPerWarp;
   if (row0 >= Dv) return;  // whole warps only; the kernel has no block barriers
-  float* S = state + (static_cast<int64_t>(L.state_slot[s]) * Hv + h) * Dv * Dk;
+  const float* S = state + (static_cast<int64_t>(L.state_slot[s]) * Hv + h) * Dv * Dk;
+  float* S_to = state + (static_cast<int64_t>(L.state_to[s]) * Hv + h) * Dv * Dk;
+  float* S_also = L.snapshot_to[s] < 0 ? nullptr : state + (static_cast<int64_t>(L.snapshot_to[s]) * Hv + h) * Dv * Dk;
 
   float st[kDeltaRowsPerWarp][kPerLane];
 #pragma unroll
@@ -121,7 +134,10 @@ __global__ void __launch_bounds__(kDeltaWarps* kWarp, 4)
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
       const int i = row0 + r, j = lane + e * kWarp;
-      if (i < Dv && j < Dk) S[static_cast<int64_t>(i) * Dk + j] = st[r][e];
+      if (i < Dv && j < Dk) {
+        S_to[static_cast<int64_t>(i) * Dk + j] = st[r][e];
+        if (S_also) S_also[static_cast<int64_t>(i) * Dk + j] = st[r][e];
+      }
     }
 }
 

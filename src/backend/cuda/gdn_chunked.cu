@@ -344,7 +344,10 @@ __global__ void __launch_bounds__(kScanThreads, 1)
   const int s = seqs[blockIdx.x];
   const int64_t h = blockIdx.y, kh = h / (Hv / Hk);
   const int i0 = blockIdx.z * kDvTile, dvt = min(kDvTile, Dv - i0);
-  float* Sg = state + (static_cast<int64_t>(L.state_slot[s]) * Hv + h) * Dv * Dk;
+  const float* Sg = state + (static_cast<int64_t>(L.state_slot[s]) * Hv + h) * Dv * Dk;
+  float* Sg_to = state + (static_cast<int64_t>(L.state_to[s]) * Hv + h) * Dv * Dk;
+  float* Sg_also =
+      L.snapshot_to[s] < 0 ? nullptr : state + (static_cast<int64_t>(L.snapshot_to[s]) * Hv + h) * Dv * Dk;
 
   // S[j][e]: row i0 + r0 + gq (+8 for e ≥ 2), column k0 + 8j + 2tq + e % 2; zero past Dv and Dk.
   float S[kSteps][4];
@@ -521,7 +524,10 @@ __global__ void __launch_bounds__(kScanThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = i0 + r0 + gq + (e / 2) * 8, col = k0 + 8 * j + 2 * tq + e % 2;
-      if (row < Dv && col < Dk) Sg[static_cast<int64_t>(row) * Dk + col] = S[j][e];
+      if (row < Dv && col < Dk) {
+        Sg_to[static_cast<int64_t>(row) * Dk + col] = S[j][e];
+        if (Sg_also) Sg_also[static_cast<int64_t>(row) * Dk + col] = S[j][e];
+      }
     }
 }
 

@@ -246,8 +246,13 @@ void launch_moe_combine(const float* down_rows, const int32_t* slot_row, const f
 // --- gdn.cu ------------------------------------------------------------------------------------
 struct SeqArrays {
   const int32_t* cu_seqlens = nullptr;  // [S+1]
-  const int32_t* state_slot = nullptr;  // [S]
-  const int32_t* token_seq = nullptr;   // [T]: the sequence of each token
+  const int32_t* state_slot = nullptr;  // [S]: the slot each sequence's state is read from
+  const int32_t* state_to = nullptr;    // [S]: and written to (its state_slot: in place)
+  // [S]: a slot that also gets the state after a sequence's first snapshot_at tokens (-1: none). The
+  // delta rule kernels take only snapshots after all of a sequence's tokens (the op splits the others).
+  const int32_t* snapshot_at = nullptr;
+  const int32_t* snapshot_to = nullptr;
+  const int32_t* token_seq = nullptr;   // [T]: the sequence of each token (conv1d only)
   int64_t num_seqs = 0;
 };
 void launch_conv1d_causal(const float* x, const float* w, const SeqArrays& layout, int64_t T, int64_t C, int64_t K,

@@ -73,22 +73,7 @@ void check_weight(std::string_view op, std::string_view arg, const Weight& w, co
 }
 
 void check_seqs(std::string_view op, const SeqLayout& layout, int64_t tokens, int64_t slots) {
-  const auto& cu = layout.cu_seqlens;
-  QINFER_CHECK(!cu.empty() && cu[0] == 0, "ref {}: layout.cu_seqlens must start with 0", op);
-  for (size_t s = 0; s + 1 < cu.size(); ++s)
-    QINFER_CHECK(cu[s] <= cu[s + 1], "ref {}: layout.cu_seqlens decreases at {}: {} > {}", op, s, cu[s], cu[s + 1]);
-  QINFER_CHECK(cu.back() == tokens, "ref {}: layout.cu_seqlens covers {} tokens but the batch has {}", op, cu.back(),
-               tokens);
-  if (slots < 0) return;
-  QINFER_CHECK(static_cast<int64_t>(layout.state_slot.size()) == layout.num_seqs(),
-               "ref {}: layout.state_slot has {} entries for {} sequences", op, layout.state_slot.size(),
-               layout.num_seqs());
-  std::set<int32_t> seen;
-  for (int32_t slot : layout.state_slot) {
-    QINFER_CHECK(slot >= 0 && slot < slots, "ref {}: state slot {} is outside the {} slots of the state", op, slot,
-                 slots);
-    QINFER_CHECK(seen.insert(slot).second, "ref {}: state slot {} is used by two sequences of one batch", op, slot);
-  }
+  check_seq_layout(fmt::format("ref {}", op), layout, tokens, slots);
 }
 
 double dot(const float* a, const float* b, int64_t n) {
@@ -468,7 +453,7 @@ class RefOps final : public Ops {
     const int64_t state_size = (K - 1) * C;
     std::vector<float> window;  // [K−1 + len, C]: the slot's frames, then the sequence's
     for (int64_t s = 0; s < layout.num_seqs(); ++s) {
-      float* slot_state = conv_state.ptr<float>() + layout.state_slot[s] * state_size;
+      const float* slot_state = conv_state.ptr<float>() + layout.state_slot[s] * state_size;
       window.assign(slot_state, slot_state + state_size);
       window.insert(window.end(), x.ptr<float>() + cu[s] * C, x.ptr<float>() + cu[s + 1] * C);
       for (int64_t t = 0; t < cu[s + 1] - cu[s]; ++t) {
@@ -479,7 +464,11 @@ class RefOps final : public Ops {
           out.ptr<float>()[(cu[s] + t) * C + c] = silu(static_cast<float>(acc));
         }
       }
-      std::copy(window.end() - state_size, window.end(), slot_state);
+      if (const int32_t snapshot = layout.snapshot_slot(s); snapshot >= 0) {
+        const auto at = window.begin() + layout.snapshot_tokens(s) * C;  // the K−1 frames before token `at`
+        std::copy(at, at + state_size, conv_state.ptr<float>() + snapshot * state_size);
+      }
+      std::copy(window.end() - state_size, window.end(), conv_state.ptr<float>() + layout.target_slot(s) * state_size);
     }
   }
 
@@ -528,11 +517,31 @@ class RefOps final : public Ops {
                                   .g = gh.data(),
                                   .beta = bh.data(),
                                   .out = oh.data()};
-        float* S = state.ptr<float>() + (layout.state_slot[s] * Hv + h) * Dv * Dk;
-        if (chunked) {
-          ref::delta_rule_chunked(head, S);
+        // The rule runs on the target slot's copy of the state it starts from.
+        const float* S0 = state.ptr<float>() + (layout.state_slot[s] * Hv + h) * Dv * Dk;
+        float* S = state.ptr<float>() + (layout.target_slot(s) * Hv + h) * Dv * Dk;
+        if (S != S0) std::copy_n(S0, Dv * Dk, S);
+        auto rule = [&](const ref::DeltaHead& part) {
+          if (chunked) ref::delta_rule_chunked(part, S);
+          else ref::delta_rule_recurrent(part, S);
+        };
+        if (const int32_t snapshot = layout.snapshot_slot(s); snapshot >= 0) {
+          // The tokens before the snapshot, the state as it is then, the rest.
+          const int64_t at = layout.snapshot_tokens(s);
+          ref::DeltaHead first = head, rest = head;
+          first.len = at;
+          rest.len = len - at;
+          rest.q += at * Dk;
+          rest.k += at * Dk;
+          rest.v += at * Dv;
+          rest.g += at;
+          rest.beta += at;
+          rest.out += at * Dv;
+          rule(first);
+          std::copy_n(S, Dv * Dk, state.ptr<float>() + (snapshot * Hv + h) * Dv * Dk);
+          rule(rest);
         } else {
-          ref::delta_rule_recurrent(head, S);
+          rule(head);
         }
         for (int64_t i = 0; i < len; ++i)
           std::copy_n(oh.data() + i * Dv, Dv, out.ptr<float>() + ((cu[s] + i) * Hv + h) * Dv);
