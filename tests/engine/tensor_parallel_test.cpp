@@ -3,6 +3,7 @@
 // (Gated DeltaNet state slots, snapshotted for n > 1), with preemption, on the ref and cpu backends.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <thread>
 
 #include "io/json.h"
@@ -115,19 +116,11 @@ TEST_P(TensorParallelEngineServing, GivesTheTokensOfOneModel) {
   }
 }
 
-// The same over two processes (played by threads, joined over a real socket), one cpu rank each:
-// process 0 leads, runs the scheduler and mirrors its caches (new slots zeroed, the n = 3 state
-// snapshots gathered from and restored into process 1's ranks); process 1 follows until process 0's
-// group is destroyed.
-TEST_P(TensorParallelEngineServing, OverProcessesGivesTheTokensOfOneModel) {
-  const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
-  const std::unique_ptr<Ops> ops = backend("cpu");
-  models::Model one(checkpoint, *ops);
-  const std::vector<RequestParams> requests = {
-      request(make_prompt(23, 1), 14, 0.8f, 7, 3), request(make_prompt(30, 2), 14, 0.0f, 0, 1),
-      request(make_prompt(9, 3), 14, 0.8f, 9, 1), request(make_prompt(17, 4), 14, 0.0f, 0, 2)};
-  const auto want = schedule(one, requests);
-
+// Runs `body` on a group of two processes (played by threads, joined over a real socket), one cpu rank
+// each: process 0 leads and runs `body` on its group; process 1 follows until that group is destroyed.
+// Returns process 1's error, if it had one.
+std::string over_two_processes(const models::Checkpoint& checkpoint,
+                               const std::function<void(models::TensorParallelModel&)>& body) {
   std::unique_ptr<parallel::ProcessGroup> head = parallel::ProcessGroup::listen("127.0.0.1:0", 2);
   const std::string address = "127.0.0.1:" + std::to_string(head->port());
   std::string follower_error;
@@ -145,7 +138,6 @@ TEST_P(TensorParallelEngineServing, OverProcessesGivesTheTokensOfOneModel) {
       follower_error = e.what();
     }
   });
-  std::vector<std::vector<std::vector<int32_t>>> got;
   {
     head->accept_all(std::chrono::seconds(20));
     models::Placement placement;
@@ -155,15 +147,88 @@ TEST_P(TensorParallelEngineServing, OverProcessesGivesTheTokensOfOneModel) {
     rank_ops.push_back(backend("cpu"));
     models::TensorParallelModel group(checkpoint, std::move(rank_ops), {}, std::move(placement));
     group.lead();
-    got = schedule(group, requests);
+    body(group);
   }  // process 0's group ends: process 1 stops following
   follower.join();
-  EXPECT_EQ(follower_error, "");
+  return follower_error;
+}
+
+// The same over two processes: process 0 runs the scheduler and mirrors its caches (new slots zeroed,
+// the n = 3 state snapshots gathered from and restored into process 1's ranks).
+TEST_P(TensorParallelEngineServing, OverProcessesGivesTheTokensOfOneModel) {
+  const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
+  const std::unique_ptr<Ops> ops = backend("cpu");
+  models::Model one(checkpoint, *ops);
+  const std::vector<RequestParams> requests = {
+      request(make_prompt(23, 1), 14, 0.8f, 7, 3), request(make_prompt(30, 2), 14, 0.0f, 0, 1),
+      request(make_prompt(9, 3), 14, 0.8f, 9, 1), request(make_prompt(17, 4), 14, 0.0f, 0, 2)};
+  const auto want = schedule(one, requests);
+  std::vector<std::vector<std::vector<int32_t>>> got;
+  EXPECT_EQ(over_two_processes(checkpoint, [&](models::TensorParallelModel& group) { got = schedule(group, requests); }),
+            "");
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_EQ(got[i].size(), want[i].size());
     for (size_t c = 0; c < want[i].size(); ++c) EXPECT_EQ(got[i][c], want[i][c]) << "request " << i << " choice " << c;
   }
+}
+
+// Requests one after another, each finding the earlier ones' blocks (and, on qwen3_5, checkpoints of
+// the recurrent state): (tokens, cached prompt tokens) of each.
+std::vector<std::pair<std::vector<int32_t>, int32_t>> in_turn(models::Runner& model,
+                                                              const std::vector<RequestParams>& requests) {
+  Engine s(model, test_tokenizer(), {.block_size = 4, .max_running = 4, .max_context = 128});
+  std::vector<std::pair<std::vector<int32_t>, int32_t>> out;
+  for (const RequestParams& r : requests) {
+    Recorder rec(1);
+    EXPECT_TRUE(s.submit(r, rec.sink(0)));
+    EXPECT_TRUE(rec.wait());
+    out.push_back({rec[0].tokens[0], rec[0].finished[0].cached_prompt_tokens});
+  }
+  EXPECT_EQ(s.stats().kv_blocks_used, 0);
+  EXPECT_EQ(s.stats().state_slots_used, 0);
+  return out;
+}
+
+// The prefix cache on a group (two ranks as threads, and two processes): every rank's blocks and
+// state checkpoints (kept inside a prefill chunk, left behind by a step from a block boundary, a
+// finished sequence's live state) serve the same hits as one model's, with the same tokens. A prompt
+// that extends an earlier one, one that shares a prefix with it, the first again, and a conversation's
+// next turn.
+TEST_P(TensorParallelEngineServing, PrefixCacheGivesTheHitsAndTokensOfOneModel) {
+  const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
+  const std::unique_ptr<Ops> ops = backend("cpu");
+  models::Model one(checkpoint, *ops);
+  const std::vector<int32_t> a = make_prompt(30, 500);
+  std::vector<int32_t> b = a, c(a.begin(), a.begin() + 17);
+  for (int32_t t : make_prompt(9, 600)) b.push_back(t);
+  for (int32_t t : make_prompt(6, 700)) c.push_back(t);
+  std::vector<RequestParams> requests = {request(a, 13, 0.0f, 0, 1), request(b, 8, 0.0f, 0, 1),
+                                         request(c, 8, 0.0f, 0, 1), request(b, 8, 0.8f, 3, 1)};
+  // The next turn of a's conversation: a, its reply, a new message.
+  std::vector<int32_t> turn = a;
+  for (int32_t t : run_alone(one, requests[0]).tokens) turn.push_back(t);
+  for (int32_t t : make_prompt(5, 900)) turn.push_back(t);
+  requests.push_back(request(turn, 8, 0.0f, 0, 1));
+
+  const auto want = in_turn(one, requests);
+  int32_t reused = 0;
+  for (const auto& [tokens, cached] : want) reused += cached;
+  EXPECT_GT(want[3].second, 0) << "b again";
+  EXPECT_GE(want[4].second, 40) << "the conversation's next turn";
+  using Outcomes = std::vector<std::pair<std::vector<int32_t>, int32_t>>;
+  const Outcomes threads = in_turn(*two_ranks(checkpoint, "cpu"), requests);
+  Outcomes processes;
+  EXPECT_EQ(over_two_processes(checkpoint, [&](models::TensorParallelModel& g) { processes = in_turn(g, requests); }),
+            "");
+  for (const Outcomes* got : std::initializer_list<const Outcomes*>{&threads, &processes}) {
+    ASSERT_EQ(got->size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ((*got)[i].first, want[i].first) << "request " << i << (got == &threads ? " (threads)" : " (processes)");
+      EXPECT_EQ((*got)[i].second, want[i].second) << "request " << i;
+    }
+  }
+  EXPECT_GT(reused, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, TensorParallelEngineServing, ::testing::Values("qwen3", "qwen3_5"),
