@@ -134,12 +134,25 @@ int64_t Scheduler::next_checkpoint(const Sequence& s, int64_t cached) const {
   return next;
 }
 
+bool Scheduler::checkpoint_at(const Sequence& s, int64_t position) const {
+  const int64_t bs = blocks_.block_size();
+  return position > 0 && (position == s.junction_blocks * bs || position == s.end_blocks * bs ||
+                          (config_.checkpoint_interval > 0 && position % config_.checkpoint_interval == 0));
+}
+
 void Scheduler::plan_checkpoint(Sequence& s, int64_t end, StepPlan::Chunk& chunk) {
   const int64_t bs = blocks_.block_size(), start = s.cache.cached;
   if (s.cache.slot < 0) return;
+  // A step from a block boundary writes the state to another slot and leaves the one it read behind:
+  // kept, where a checkpoint belongs at the boundary, else the sequence's rolling one.
   if (start > 0 && start % bs == 0 && start / bs > s.kept_blocks) {
-    if (s.rolling < 0) s.rolling = blocks_.take_checkpoint(true);
-    chunk.state_to = s.rolling;
+    if (checkpoint_at(s, start)) {
+      chunk.state_to = blocks_.take_checkpoint(false);
+      chunk.keep_start = chunk.state_to >= 0;
+    } else {
+      if (s.rolling < 0) s.rolling = blocks_.take_checkpoint(true);
+      chunk.state_to = s.rolling;
+    }
   }
   if (const int64_t at = next_checkpoint(s, start); at > 0 && at <= end) {
     chunk.save_to = blocks_.take_checkpoint(false);
@@ -166,11 +179,12 @@ StepPlan Scheduler::schedule() {
       if (s.status != Sequence::Status::running || s.uncached() <= 1) continue;
       int64_t chunk = std::min<int64_t>(s.uncached(), budget);
       if (s.forks > 0) chunk = std::min<int64_t>(chunk, s.fork_at - s.cache.cached);  // branch at fork_at
-      // A chunk saves one checkpoint, inside it or at its end: one that would pass two ends at the first.
+      // A chunk keeps the checkpoint at its start (the state it leaves behind) and one inside it or at
+      // its end: one that would pass two ends at the second, which the next chunk starts from.
       if (checkpoints())
         if (const int64_t at = next_checkpoint(s, s.cache.cached); at > 0 && at < s.cache.cached + chunk)
-          if (const int64_t after = next_checkpoint(s, at); after > 0 && after <= s.cache.cached + chunk)
-            chunk = at - s.cache.cached;
+          if (const int64_t after = next_checkpoint(s, at); after > 0 && after < s.cache.cached + chunk)
+            chunk = after - s.cache.cached;
       const int64_t room =
           (static_cast<int64_t>(s.cache.blocks.size()) + blocks_.free_blocks()) * blocks_.block_size() - s.cache.cached;
       chunk = std::min(chunk, room);
@@ -250,7 +264,11 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     const int32_t before = s.cache.cached;
     s.cache.cached += chunk.tokens;
     blocks_.publish(s.cache, s.tokens, before);  // the blocks this chunk filled
-    if (chunk.state_to >= 0) {
+    if (chunk.state_to >= 0 && chunk.keep_start) {
+      const int32_t left = std::exchange(s.cache.slot, chunk.state_to);
+      s.kept_blocks = before / blocks_.block_size();
+      blocks_.attach_checkpoint(s.cache, s.kept_blocks, left, false);
+    } else if (chunk.state_to >= 0) {
       std::swap(s.cache.slot, s.rolling);
       s.rolling_blocks = before / blocks_.block_size();
     }

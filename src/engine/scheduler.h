@@ -19,10 +19,10 @@
 //   longest cached path of whole blocks its tokens spell, short of its last token; every block a
 //   step fills is published to the cache.
 // - A model with recurrent state starts there only from a checkpoint of the state (its slot is a
-//   copy of it) and keeps checkpoints as it goes, each the state inside or at the end of a chunk
-//   (one per chunk): where the cached path it followed went on past the checkpoint it started from
-//   (the junction), at every multiple of checkpoint_interval tokens, and after its last whole block
-//   before its last token.
+//   copy of it) and keeps checkpoints as it goes (at a chunk's start, the state it leaves behind, and
+//   one inside it or at its end): where the cached path it followed went on past the checkpoint it
+//   started from (the junction), at every multiple of checkpoint_interval tokens, and after its last
+//   whole block before its last token.
 //   Each step that starts on another block boundary writes the state into the sequence's rolling
 //   slot and leaves the state it read behind (no copy: the two slots swap), so the rolling slot
 //   holds the state at the last boundary passed; it is attached when the sequence finishes or is
@@ -53,8 +53,10 @@ struct StepPlan {
     int32_t tokens = 0;
     bool samples = false;  // the chunk ends the sequence's uncached tokens: a token is sampled from it
     // The forward writes the sequence's state here instead of its slot, leaving the state it started
-    // from there (-1: in place); the sequence's slot and rolling slot then swap.
+    // from there (-1: in place): attached as a checkpoint (`keep_start`), or the sequence's slot and
+    // rolling slot swap.
     int32_t state_to = -1;
+    bool keep_start = false;
     // The forward also leaves the state after the chunk's first save_at tokens in this checkpoint,
     // attached at once (-1: none).
     int32_t save_to = -1, save_at = 0;
@@ -128,8 +130,10 @@ class Scheduler {
   void hold(Sequence& s, int64_t tokens);
   // Where a step taking `s` to `end` tokens saves its state (the chunk's state_to and save_to).
   void plan_checkpoint(Sequence& s, int64_t end, StepPlan::Chunk& chunk);
-  // The first position past `cached` where s's prefill keeps a checkpoint (0: none).
+  // The first position past `cached` where s's prefill keeps a checkpoint (0: none), and whether it
+  // keeps one at `position`.
   int64_t next_checkpoint(const Sequence& s, int64_t cached) const;
+  bool checkpoint_at(const Sequence& s, int64_t position) const;
   bool checkpoints() const { return blocks_.total_checkpoints() > 0; }
   // Releases s's blocks and slot, attaching its rolling checkpoint first (unless `keep_cache` is false).
   void let_go(Sequence& s, bool keep_cache = true);
