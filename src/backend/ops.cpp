@@ -55,7 +55,6 @@ void check_seq_layout(std::string_view who, const SeqLayout& layout, int64_t tok
                  used[i].first);
 }
 
-
 void Ops::set_kv_dtype(DType dtype) {
   QINFER_CHECK(dtype == DType::f32 || dtype == DType::bf16, "{}: a KV cache holds f32 or bf16, not {}", name(),
                qinfer::name(dtype));

@@ -89,8 +89,7 @@ RopeTable rope_table(std::string_view op, const Tensor& x, const Tensor& positio
   return table;
 }
 
-// cu_seqlens runs from 0 to `tokens` without decreasing; with `slots` ≥ 0 every sequence names a
-// distinct state slot below it.
+// check_seq_layout, its errors naming the cuda op.
 void check_layout(std::string_view op, const SeqLayout& layout, int64_t tokens, int64_t slots) {
   check_seq_layout(fmt::format("cuda {}", op), layout, tokens, slots);
 }
@@ -1029,23 +1028,23 @@ class CudaOps final : public Ops {
       chunked_seqs_.clear();
       int64_t max_chunked_len = 0;
       // Entries of the device layout: each piece, and the gaps between pieces (listed nowhere).
-      blob_.assign(1, 0);
-      std::vector<int32_t> from, to, also;
+      delta_entries_.clear();
       for (const DeltaPiece& p : pieces) {
-        if (p.begin > blob_.back()) {
-          blob_.push_back(p.begin);
-          from.push_back(0), to.push_back(0), also.push_back(-1);
-        }
+        const int32_t last = delta_entries_.empty() ? 0 : delta_entries_.back().end;
+        if (p.begin > last) delta_entries_.push_back({last, p.begin, 0, 0, -1});
         const int64_t len = p.end - p.begin;
         const bool chunked = len > 0 && (algorithm == GdnAlgorithm::chunked || (automatic_chunks && len > kDeltaChunk));
-        (chunked ? chunked_seqs_ : recurrent_seqs_).push_back(static_cast<int32_t>(from.size()));
+        (chunked ? chunked_seqs_ : recurrent_seqs_).push_back(static_cast<int32_t>(delta_entries_.size()));
         if (chunked) max_chunked_len = std::max(max_chunked_len, len);
-        blob_.push_back(p.end);
-        from.push_back(p.from), to.push_back(p.to), also.push_back(p.also);
+        delta_entries_.push_back(p);
       }
-      const int64_t E = static_cast<int64_t>(from.size());
-      for (const auto* part : {&from, &to, &also, &recurrent_seqs_, &chunked_seqs_})
-        blob_.insert(blob_.end(), part->begin(), part->end());
+      const int64_t E = static_cast<int64_t>(delta_entries_.size());
+      blob_.assign(1, 0);
+      for (const DeltaPiece& e : delta_entries_) blob_.push_back(e.end);
+      for (const DeltaPiece& e : delta_entries_) blob_.push_back(e.from);
+      for (const DeltaPiece& e : delta_entries_) blob_.push_back(e.to);
+      for (const DeltaPiece& e : delta_entries_) blob_.push_back(e.also);
+      for (const auto* list : {&recurrent_seqs_, &chunked_seqs_}) blob_.insert(blob_.end(), list->begin(), list->end());
       const int32_t* base = upload(cache, blob_);
       if (replaying()) return;
       SeqArrays arrays;
@@ -1713,7 +1712,7 @@ class CudaOps final : public Ops {
   struct DeltaPiece {
     int32_t begin, end, from, to, also;
   };
-  std::vector<DeltaPiece> delta_pieces_, delta_rest_;
+  std::vector<DeltaPiece> delta_pieces_, delta_rest_, delta_entries_;
   // upload_attention's arrays of the recorded step layout_step_ (0: none), for the layout at layout_source_.
   uint64_t layout_step_ = 0;
   const AttentionLayout* layout_source_ = nullptr;

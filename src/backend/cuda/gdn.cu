@@ -63,9 +63,10 @@ constexpr int kDeltaRowsPerWarp = 4;
 constexpr int kDeltaRowsPerBlock = kDeltaWarps * kDeltaRowsPerWarp;
 
 // One block per (sequence, value head, run of 16 state rows), reading the state from the sequence's
-// slot and leaving it in its target slot (and its snapshot slot, if any: the state after all its tokens). State row i (over Dk) is independent
-// of the other rows given the token's k, q, v_i, g, β, so each warp owns 4 rows, each lane
-// kPerLane of their columns, and every step is a pair of warp reductions per row:
+// slot and leaving it in its target slot (and its snapshot slot, if any: the state after all its
+// tokens). State row i (over Dk) is independent of the other rows given the token's k, q, v_i, g, β,
+// so each warp owns 4 rows, each lane kPerLane of their columns, and every step is a pair of warp
+// reductions per row:
 //   S ← e^g S;  δ_i = β (v_i − S_i·k);  S_i ← S_i + δ_i k;  o_i = S_i·q.
 template <int kPerLane>
 __global__ void __launch_bounds__(kDeltaWarps* kWarp, 4)

@@ -13,6 +13,24 @@ struct DeltaHead {
   const float* g = nullptr;     // [len] log decay
   const float* beta = nullptr;  // [len]
   float* out = nullptr;         // [len, dv]
+
+  // Its first n tokens, and the rest.
+  DeltaHead first(int64_t n) const {
+    DeltaHead h = *this;
+    h.len = n;
+    return h;
+  }
+  DeltaHead rest(int64_t n) const {
+    DeltaHead h = *this;
+    h.len = len - n;
+    h.q += n * dk;
+    h.k += n * dk;
+    h.v += n * dv;
+    h.g += n;
+    h.beta += n;
+    h.out += n * dv;
+    return h;
+  }
 };
 
 // Token by token, exactly the loop of ops.h. state [dv, dk], updated in place.

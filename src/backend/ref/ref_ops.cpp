@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <set>
 #include <span>
 #include <string>
 
@@ -528,18 +527,9 @@ class RefOps final : public Ops {
         if (const int32_t snapshot = layout.snapshot_slot(s); snapshot >= 0) {
           // The tokens before the snapshot, the state as it is then, the rest.
           const int64_t at = layout.snapshot_tokens(s);
-          ref::DeltaHead first = head, rest = head;
-          first.len = at;
-          rest.len = len - at;
-          rest.q += at * Dk;
-          rest.k += at * Dk;
-          rest.v += at * Dv;
-          rest.g += at;
-          rest.beta += at;
-          rest.out += at * Dv;
-          rule(first);
+          rule(head.first(at));
           std::copy_n(S, Dv * Dk, state.ptr<float>() + (snapshot * Hv + h) * Dv * Dk);
-          rule(rest);
+          rule(head.rest(at));
         } else {
           rule(head);
         }
