@@ -22,8 +22,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loadgen import Client, RequestFailed, first_model  # noqa: E402
-from multiturn_bench import stream  # noqa: E402
+from loadgen import Client, RequestFailed, add_server_arguments, first_model  # noqa: E402
+from multiturn_bench import add_id_arguments, check_id_range, stream  # noqa: E402
 
 
 async def run(args):
@@ -56,22 +56,17 @@ async def run(args):
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="API base URL (default %(default)s)")
-    p.add_argument("--model", help="model name (default: the first of /v1/models)")
+    add_server_arguments(p)
+    add_id_arguments(p)
     p.add_argument("--long", type=int, default=8192, help="ids of each cold prompt (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="cold prompts (default %(default)s)")
     p.add_argument("--shared", type=lambda s: [int(x) for x in s.split(",")], default=[1500, 3000, 6000],
                    help="shared prefix lengths, comma-separated (default 1500,3000,6000)")
     p.add_argument("--suffix", type=int, default=300, help="each request's own ids after the prefix (default %(default)s)")
-    p.add_argument("--id-range", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1000, 100000),
-                   help="LOW,HIGH: ids are drawn from [LOW, HIGH) (default 1000,100000)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--api-key", default=os.environ.get("QINFER_API_KEY", ""), help="default $QINFER_API_KEY")
     args = p.parse_args()
     if args.long <= 0 or args.repeats <= 0 or args.suffix <= 0 or any(n <= 0 for n in args.shared):
         p.error("--long, --repeats, --suffix and every --shared length must be positive")
-    if len(args.id_range) != 2 or not 0 <= args.id_range[0] < args.id_range[1]:
-        p.error("--id-range: expected LOW,HIGH with 0 <= LOW < HIGH")
+    check_id_range(p, args)
     return args
 
 

@@ -298,17 +298,22 @@ def concurrency_list(text):
     return levels
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_server_arguments(p):
+    """--url, --model and --api-key: the server a tool talks to (loadgen, multiturn_bench, interval_probe)."""
     p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="API base URL (default %(default)s)")
     p.add_argument("--model", help="model name (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("QINFER_API_KEY", ""), help="default $QINFER_API_KEY")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_server_arguments(p)
     p.add_argument("--concurrency", type=concurrency_list, default="1,16,64,256",
                    help="requests in flight, one level per value (default %(default)s)")
     p.add_argument("--requests", type=int, help="requests per level (default max(8, 2 x concurrency))")
     p.add_argument("--max-tokens", type=int, default=128, help="default %(default)s")
     p.add_argument("--prompt-words", type=int, default=64, help="default %(default)s")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat", help="default %(default)s")
-    p.add_argument("--api-key", default=os.environ.get("QINFER_API_KEY", ""), help="default $QINFER_API_KEY")
     p.add_argument("--temperature", type=float, default=1.0, help="default %(default)s")
     p.add_argument("--ignore-eos", choices=["true", "false"], default="true",
                    help="send ignore_eos so every request generates max_tokens (default %(default)s)")

@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loadgen import Client, RequestFailed, error_message, first_model, sse_events  # noqa: E402
+from loadgen import Client, RequestFailed, add_server_arguments, error_message, first_model, sse_events  # noqa: E402
 
 
 async def stream(client, model, prompt, max_tokens):
@@ -100,25 +100,32 @@ async def run(args):
     return summary
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="API base URL (default %(default)s)")
-    p.add_argument("--model", help="model name (default: the first of /v1/models)")
-    p.add_argument("--turns", type=int, default=20, help="default %(default)s")
-    p.add_argument("--user-tokens", type=int, default=64, help="ids each turn's new message adds (default %(default)s)")
-    p.add_argument("--reply-tokens", type=int, default=336, help="ids each reply adds (default %(default)s)")
+def add_id_arguments(p):
+    """--id-range and --seed: where a tool's random token ids come from (multiturn_bench, interval_probe)."""
     p.add_argument("--id-range", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1000, 100000),
                    help="LOW,HIGH: ids are drawn from [LOW, HIGH) (default 1000,100000)")
     p.add_argument("--seed", type=int, default=1)
+
+
+def check_id_range(p, args):
+    if len(args.id_range) != 2 or not 0 <= args.id_range[0] < args.id_range[1]:
+        p.error("--id-range: expected LOW,HIGH with 0 <= LOW < HIGH")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_server_arguments(p)
+    add_id_arguments(p)
+    p.add_argument("--turns", type=int, default=20, help="default %(default)s")
+    p.add_argument("--user-tokens", type=int, default=64, help="ids each turn's new message adds (default %(default)s)")
+    p.add_argument("--reply-tokens", type=int, default=336, help="ids each reply adds (default %(default)s)")
     p.add_argument("--floor", type=float, help="fail when a turn's cached TTFT / cold TTFT exceeds this")
     p.add_argument("--floor-from", type=int, default=5, help="first turn the floor applies to (default %(default)s)")
-    p.add_argument("--api-key", default=os.environ.get("QINFER_API_KEY", ""), help="default $QINFER_API_KEY")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the per-turn lines")
     args = p.parse_args()
     if args.turns <= 0 or args.user_tokens <= 0 or args.reply_tokens <= 0:
         p.error("--turns, --user-tokens and --reply-tokens must be positive")
-    if len(args.id_range) != 2 or not 0 <= args.id_range[0] < args.id_range[1]:
-        p.error("--id-range: expected LOW,HIGH with 0 <= LOW < HIGH")
+    check_id_range(p, args)
     return args
 
 

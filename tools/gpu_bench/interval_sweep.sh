@@ -21,23 +21,14 @@ done
 out=${OUT:-.}
 log=$out/interval_sweep.log
 results=$out/interval_sweep.json
-mkdir -p build-gpu .deps && tar -C build-gpu -xJf "${QINFER_GPU_PACK:-build-pack/gpu.tar.xz}" && tar -C .deps -xJf build-pack/qwen3-tokenizer.tar.xz || exit 1
-export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-qinfer=build-gpu/qinfer
+source tools/gpu_bench/serve_lib.sh
+unpack_packs || exit 1
 dir=${TMPDIR:-/tmp}/interval-sweep/$shape
 port=8125
-rm -rf "$dir"
-$qinfer bench --shape "$shape" --save "$dir" >> "$log" 2>&1 || { echo "$shape: --save failed" | tee -a "$log"; exit 1; }
-cp .deps/qwen3-tokenizer/tokenizer.json .deps/qwen3-tokenizer/tokenizer_config.json "$dir/"
+save_shape "$shape" "$dir" || exit 1
 echo "[]" > "$results"
 for interval in ${intervals//,/ }; do
-  $qinfer serve --model "$dir" --device cuda --port $port --state-checkpoint-interval "$interval" >> "$log" 2>&1 &
-  server=$!
-  for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
-    kill -0 $server 2> /dev/null || break
-    sleep 0.5
-  done
+  start_server "$dir" $port --state-checkpoint-interval "$interval" || continue
   probe=$(python3 tools/interval_probe.py --url "http://127.0.0.1:$port/v1" --long "$long" --shared "$shared" 2>> "$log")
   metrics=$(curl -sf "http://127.0.0.1:$port/metrics" | grep -E '^qinfer_state_checkpoint')
   kill -TERM $server; wait $server

@@ -26,23 +26,11 @@ done
 out=${OUT:-.}
 log=$out/prefix_bench.log
 results=$out/prefix_bench.json
-mkdir -p build-gpu .deps && tar -C build-gpu -xJf "${QINFER_GPU_PACK:-build-pack/gpu.tar.xz}" && tar -C .deps -xJf build-pack/qwen3-tokenizer.tar.xz || exit 1
-export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-qinfer=build-gpu/qinfer
+source tools/gpu_bench/serve_lib.sh
+unpack_packs || exit 1
 scratch=${TMPDIR:-/tmp}/prefix-bench
 port=8124
 server=
-
-start_server() {  # extra serve flags
-  $qinfer serve --model "$dir" --device cuda --max-running "$max_running" --port $port "$@" >> "$log" 2>&1 &
-  server=$!
-  for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && return 0
-    kill -0 $server 2> /dev/null || return 1
-    sleep 0.5
-  done
-  return 1
-}
 
 stop_server() {
   curl -sf "http://127.0.0.1:$port/metrics" | grep -E '^qinfer_(prefix|state_checkpoint|computed|prompt|kv_blocks)' >> "$log"
@@ -63,16 +51,14 @@ loadgen_levels() {  # prints a JSON list of levels
 echo "[]" > "$results"
 for shape in ${shapes//,/ }; do
   dir=$scratch/$shape
-  rm -rf "$dir"
-  $qinfer bench --shape "$shape" --save "$dir" >> "$log" 2>&1 || { echo "$shape: --save failed" | tee -a "$log"; continue; }
-  cp .deps/qwen3-tokenizer/tokenizer.json .deps/qwen3-tokenizer/tokenizer_config.json "$dir/"
-  start_server || { echo "$shape: the server did not start" | tee -a "$log"; continue; }
+  save_shape "$shape" "$dir" || continue
+  start_server "$dir" $port --max-running "$max_running" || continue
   multiturn=$(python3 tools/multiturn_bench.py --url "http://127.0.0.1:$port/v1" --turns "$turns" \
     --user-tokens "$user_tokens" --reply-tokens "$reply_tokens" --floor 0.1 --floor-from 5 --json 2>> "$log")
   echo "$shape multiturn: $multiturn" | tee -a "$log"
   cached=$(loadgen_levels cache-on)
   stop_server
-  start_server --no-prefix-caching || { echo "$shape: the server did not start" | tee -a "$log"; continue; }
+  start_server "$dir" $port --max-running "$max_running" --no-prefix-caching || continue
   uncached=$(loadgen_levels cache-off)
   stop_server
   python3 - "$results" "$shape" "$multiturn" "$cached" "$uncached" <<'PY'

@@ -23,28 +23,19 @@ done
 out=${OUT:-.}
 log=$out/serve_bench.log
 results=$out/serve_bench.json
-mkdir -p build-gpu .deps && tar -C build-gpu -xJf "${QINFER_GPU_PACK:-build-pack/gpu.tar.xz}" && tar -C .deps -xJf build-pack/qwen3-tokenizer.tar.xz || exit 1
-export LD_LIBRARY_PATH=$PWD/build-gpu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-qinfer=build-gpu/qinfer
+source tools/gpu_bench/serve_lib.sh
+unpack_packs || exit 1
 scratch=${TMPDIR:-/tmp}/serve-bench
 echo "[]" > "$results"
 for shape in ${shapes//,/ }; do
   dir=$scratch/$shape
-  rm -rf "$dir"
   start=$(date +%s)
-  $qinfer bench --shape "$shape" --save "$dir" >> "$log" 2>&1 || { echo "$shape: --save failed" | tee -a "$log"; continue; }
-  cp .deps/qwen3-tokenizer/tokenizer.json .deps/qwen3-tokenizer/tokenizer_config.json "$dir/"
+  save_shape "$shape" "$dir" || continue
   echo "$shape: checkpoint in $(( $(date +%s) - start )) s" | tee -a "$log"
   bench=$($qinfer bench --model "$dir" --device cuda --batch 1 --prompt 128 --gen 128 --context 128 --json 2>>"$log")
   echo "$shape bench: $bench" | tee -a "$log"
   port=8123
-  $qinfer serve --model "$dir" --device cuda --max-running "$max_running" --port $port >> "$log" 2>&1 &
-  server=$!
-  for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && break
-    kill -0 $server 2> /dev/null || break
-    sleep 0.5
-  done
+  start_server "$dir" $port --max-running "$max_running" || continue
   levels="[]"
   for c in ${concurrency//,/ }; do
     # One wave of `c` requests: every stream generates max_tokens (ignore_eos).
