@@ -135,9 +135,7 @@ int64_t Scheduler::next_checkpoint(const Sequence& s, int64_t cached) const {
 }
 
 bool Scheduler::checkpoint_at(const Sequence& s, int64_t position) const {
-  const int64_t bs = blocks_.block_size();
-  return position > 0 && (position == s.junction_blocks * bs || position == s.end_blocks * bs ||
-                          (config_.checkpoint_interval > 0 && position % config_.checkpoint_interval == 0));
+  return position > 0 && next_checkpoint(s, position - 1) == position;
 }
 
 void Scheduler::plan_checkpoint(Sequence& s, int64_t end, StepPlan::Chunk& chunk) {
