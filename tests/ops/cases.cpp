@@ -641,9 +641,10 @@ void add_moe(std::vector<Case>& cases) {
                      }});
   }
   // Each token picks k distinct experts among the first `used`: fewer than E leaves experts without
-  // tokens, used = k sends every token to the same k. From T = 128 the cuda backend groups the slots
-  // by expert (GEMMs per expert); odd H pads its expert blocks, and bf16 experts then go through the
-  // dequantizing path.
+  // tokens, used = k sends every token to the same k. The cuda backend runs one token, and batches
+  // whose slots are fewer than half the experts, per slot; larger batches grouped by expert on the
+  // device (more than 8 slots of an expert take further passes over its rows); from T = 128 GEMMs
+  // per expert, where odd H pads the expert blocks and bf16 experts then take the dequantizing path.
   struct Experts { int64_t T, H, I, E, k, used; };
   const auto label = [](const Experts& s) {
     return fmt::format("T={} H={} I={} E={} k={}{}", s.T, s.H, s.I, s.E, s.k,
@@ -669,7 +670,8 @@ void add_moe(std::vector<Case>& cases) {
   };
   const Experts shapes[] = {{1, 64, 32, 8, 2, 8},     {5, 63, 17, 4, 2, 4},      {33, 64, 48, 16, 4, 16},
                             {70, 33, 20, 3, 3, 3},    {300, 256, 96, 16, 4, 16}, {300, 256, 96, 16, 4, 8},
-                            {200, 256, 96, 16, 1, 1}, {130, 65, 40, 8, 3, 8}};
+                            {200, 256, 96, 16, 1, 1}, {130, 65, 40, 8, 3, 8},  {3, 64, 32, 64, 2, 64},
+                            {64, 128, 64, 8, 2, 2},   {24, 128, 40, 32, 4, 12}};
   for (DType dt : kWeightTypes) {
     for (const Experts s : shapes) {
       cases.push_back({"moe_experts", fmt::format("{} {}", name(dt), label(s)), [=](Run& r) {
@@ -680,6 +682,43 @@ void add_moe(std::vector<Case>& cases) {
                        }});
     }
   }
+  // A recorded decode step (the first runs as is, the second is recorded, the third replayed) holds
+  // the grouped experts: their sort, counts and passes stay on the device.
+  cases.push_back({"moe_experts", "recorded decode bf16 T=48 H=128 I=64 E=16 k=4", [](Run& r) {
+                     const Experts s{48, 128, 64, 16, 4, 16};
+                     Tensor gate = random_tensor(r.rng, DType::bf16, {s.E, s.I, s.H}, 0.3f);
+                     Tensor up = random_tensor(r.rng, DType::bf16, {s.E, s.I, s.H}, 0.3f);
+                     Tensor down = random_tensor(r.rng, DType::bf16, {s.E, s.H, s.I}, 0.3f);
+                     const Weight gate_dut(r.put(gate)), up_dut(r.put(up)), down_dut(r.put(down));
+                     Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.H});
+                     Tensor weights = host_tensor(DType::f32, {s.T, s.k});
+                     for (int64_t i = 0; i < s.T * s.k; ++i) weights.ptr<float>()[i] = r.rng.uniform(0.05f, 1.0f);
+                     Tensor x_dut = r.put(x), weights_dut = r.put(weights);
+                     Tensor out = r.dut.alloc(DType::f32, {s.T, s.H});
+                     Tensor ids_dut = r.dut.alloc(DType::i32, {s.T, s.k});
+                     std::vector<int32_t> experts(s.E);
+                     std::iota(experts.begin(), experts.end(), 0);
+                     for (int step = 0; step < 3; ++step) {
+                       // Each step routes anew, and its ids reach the device at the address recorded.
+                       std::vector<int32_t> ids(s.T * s.k);
+                       for (int64_t t = 0; t < s.T; ++t) {
+                         std::shuffle(experts.begin(), experts.end(), r.rng.engine());
+                         std::copy_n(experts.begin(), s.k, ids.begin() + t * s.k);
+                       }
+                       Tensor idt = i32_tensor({s.T, s.k}, ids);
+                       Tensor out_ref = host_tensor(DType::f32, {s.T, s.H});
+                       r.ref.moe_experts(x, idt, weights, gate, up, down, out_ref);
+                       r.dut.copy(idt, ids_dut);
+                       r.dut.begin_step("op_harness recorded moe_experts");
+                       try {
+                         r.dut.moe_experts(x_dut, ids_dut, weights_dut, gate_dut, up_dut, down_dut, out);
+                       } catch (...) {
+                         r.dut.abort_step();
+                         throw;
+                       }
+                       r.compare(fmt::format("out step {}", step), r.dut.end_step(out), out_ref, kTol);
+                     }
+                   }});
   // MLX affine experts: decode-sized batches go through the cuda backend's affine GEMV (one launch
   // for every slot's gate and up, one for the down rows; the last case's 64 activation rows of 1024
   // are too big for its shared memory as f32, so the exact precision takes the per-row kernels

@@ -119,6 +119,35 @@ PerfCase linear_case(int64_t T, int64_t in, int64_t out, DType dt) {
           }};
 }
 
+// One decoder layer's linears as the model runs them (q/k/v reading one x, o, gate/up with SiLU,
+// down), T tokens: at decode batch sizes what a step's GEMMs read of the weights, against the probe.
+PerfCase layer_linears_case(int64_t T, int64_t hidden, int64_t q_out, int64_t kv_out, int64_t inter, DType dt) {
+  return {fmt::format("layer linears {} T={} {}: q {} kv {} mlp {}", name(dt), T, hidden, q_out, kv_out, inter),
+          [=](Ops& ops, const Put& put) {
+            auto w = std::make_shared<std::vector<Weight>>();
+            for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{
+                     {q_out, hidden}, {kv_out, hidden}, {kv_out, hidden}, {hidden, q_out}, {inter, hidden},
+                     {inter, hidden}, {hidden, inter}})
+              w->push_back(Weight(pattern_tensor(put, dt, {out, in})));
+            auto x = std::make_shared<Tensor>(pattern_tensor(put, DType::f32, {T, hidden}));
+            auto q = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, q_out}));
+            auto k = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, kv_out}));
+            auto v = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, kv_out}));
+            auto o = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, hidden}));
+            auto act = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, inter}));
+            auto y = std::make_shared<Tensor>(ops.alloc(DType::f32, {T, hidden}));
+            const double weight_bytes = storage_bytes(dt, (q_out + 2 * kv_out) * hidden + hidden * q_out + 3 * inter * hidden);
+            return Bench{[=, &ops](int) {
+                           const std::vector<Weight>& m = *w;
+                           ops.linear_many(*x, {&m[0], &m[1], &m[2]}, {q.get(), k.get(), v.get()});
+                           ops.linear(*q, m[3], *o);
+                           ops.linear_swiglu(*o, m[4], m[5], *act);
+                           ops.linear(*act, m[6], *y);
+                         },
+                         weight_bytes, 2.0 * T * weight_bytes / storage_bytes(dt, 1)};
+          }};
+}
+
 // An MLX-quantized [out, in] weight: codes a fixed bit pattern, scales and biases ≈0.01.
 PerfCase linear_quantized_case(int64_t T, int64_t in, int64_t out, quant::Layout layout) {
   return {fmt::format("linear {} {}-bit g{} {}x{}->{}", quant::traits(layout.mode).name, layout.bits,
@@ -300,6 +329,11 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
         linear_case(32, 4096, 12288, DType::bf16),
         linear_case(8192, 4096, 12288, DType::bf16),
         linear_case(8192, 12288, 4096, DType::bf16),
+        // Qwen3-8B's layer at serving decode batch sizes: what a step's GEMMs read of the weights.
+        layer_linears_case(1, 4096, 4096, 1024, 12288, DType::bf16),
+        layer_linears_case(16, 4096, 4096, 1024, 12288, DType::bf16),
+        layer_linears_case(64, 4096, 4096, 1024, 12288, DType::bf16),
+        layer_linears_case(256, 4096, 4096, 1024, 12288, DType::bf16),
         linear_quantized_case(1, 4096, 4096, {quant::Mode::affine, 4, 64}),
         linear_quantized_case(1, 4096, 12288, {quant::Mode::affine, 4, 64}),
         linear_quantized_case(1, 12288, 4096, {quant::Mode::affine, 4, 64}),
@@ -332,6 +366,8 @@ int run_perf(const Backend& backend, Ops& ops, const std::string& filter) {
         gdn_case(1, GdnAlgorithm::recurrent, 16, 32, 128, 128),
         gdn_case(8192, GdnAlgorithm::chunked, 16, 32, 128, 128),
         moe_case(1, 2048, 768, 128, 8, DType::bf16),
+        moe_case(8, 2048, 768, 128, 8, DType::bf16),
+        moe_case(64, 2048, 768, 128, 8, DType::bf16),
         moe_case(128, 2048, 768, 128, 8, DType::bf16),
         moe_case(8192, 2048, 768, 128, 8, DType::bf16),
         moe_case(8192, 2048, 512, 256, 8, DType::bf16),

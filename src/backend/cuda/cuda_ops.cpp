@@ -823,17 +823,24 @@ class CudaOps final : public Ops {
                          out.ptr<float>());
     // MLX affine experts go through the affine GEMV (x read as the dense one-token GEMVs read it,
     // every slot's rows in one launch) where their layout and the batch fit it; the rest, and what
-    // it does not take, through the per-row kernels.
+    // it does not take, through the row-dot kernels: grouped by expert once many slots share
+    // experts, else per slot.
     const size_t act_bytes = static_cast<size_t>(round_up(T * k * I, 4)) * sizeof(float);  // down rows 16-byte aligned after
-    const bool affine = g.quantized && g.mode == quant::Mode::affine;
-    Scratch work = scratch(act_bytes + (affine ? static_cast<size_t>(T * k * H) * sizeof(float) : 0));
-    float* act = work.as<float>();
-    if (affine && try_launch_moe_affine(x.ptr<float>(), T, k, E, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d, act,
-                                        reinterpret_cast<float*>(work.as<char>() + act_bytes), out.ptr<float>(),
-                                        precision_ == Precision::fast, status_, stream()))
-      return;
-    launch_moe_experts(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d, act,
-                       out.ptr<float>(), status_, stream());
+    if (g.quantized && g.mode == quant::Mode::affine) {
+      Scratch work = scratch(act_bytes + static_cast<size_t>(T * k * H) * sizeof(float));
+      if (try_launch_moe_affine(x.ptr<float>(), T, k, E, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
+                                work.as<float>(), reinterpret_cast<float*>(work.as<char>() + act_bytes),
+                                out.ptr<float>(), precision_ == Precision::fast, status_, stream()))
+        return;
+    }
+    if (moe_groups_by_expert(T, k, E)) {
+      Scratch work = scratch(moe_grouped_rows_bytes(T, H, I, E, k));
+      return launch_moe_experts_grouped(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u,
+                                        d, work.as<char>(), out.ptr<float>(), status_, stream());
+    }
+    Scratch act = scratch(act_bytes);
+    launch_moe_experts(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u, d,
+                       act.as<float>(), out.ptr<float>(), status_, stream());
   }
 
   // moe_experts grouped by expert, per chunk of tokens: the slots sorted by expert on the device and

@@ -216,6 +216,19 @@ void launch_moe_route(const float* logits, int64_t T, int64_t E, int64_t k, bool
 void launch_moe_experts(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, const int32_t* ids,
                         const float* weights, const WeightView& gate, const WeightView& up, const WeightView& down,
                         float* act, float* out, DeviceStatus* status, cudaStream_t stream);
+// Whether a batch's slots go grouped by expert (launch_moe_experts_grouped) rather than per slot:
+// from two tokens, once the slots are at least half the experts (below that few share one, and the
+// sort, gather and combine cost more than the rows re-read).
+bool moe_groups_by_expert(int64_t T, int64_t k, int64_t E);
+// The scratch bytes launch_moe_experts_grouped's `work` holds.
+size_t moe_grouped_rows_bytes(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
+// launch_moe_experts' result with the slots sorted by expert on the device (nothing read back: a
+// recorded step holds it), each expert's rows read once for all of its slots; bad ids are reported
+// (kStatusExpertId, the flat slot index) and add nothing.
+void launch_moe_experts_grouped(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k,
+                                const int32_t* ids, const float* weights, const WeightView& gate, const WeightView& up,
+                                const WeightView& down, void* work, float* out, DeviceStatus* status,
+                                cudaStream_t stream);
 
 // --- moe_grouped.cu: batches of at least kMoeGroupedMinTokens tokens, grouped by expert ----------
 // (below it the launch overhead of a GEMM per expert outweighs what the per-token dots re-read).

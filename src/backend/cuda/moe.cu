@@ -1,7 +1,13 @@
 // Mixture of experts: the router (softmax, top-k with ref's tie order, optional renormalisation)
-// and the experts as three passes of per-token row dots (gate, up into silu(gate)·up, then the
-// weighted down projection), one warp per output value, any weight format: decode-sized batches and
-// recorded steps (prefill-sized batches go grouped by expert, moe_grouped.cu).
+// and the experts as row dots, one warp per output row, any weight format, for decode-sized batches
+// and recorded steps (prefill-sized batches go through GEMMs per expert, moe_grouped.cu):
+// - per slot: three passes (gate, up into silu(gate)·up, then the weighted down projection), each
+//   slot reading its expert's rows; for a few tokens, whose slots rarely share an expert;
+// - grouped by expert: the slots sorted by expert on the device (moe_grouped.cu's sort, nothing read
+//   back, so a recorded step holds it), their x rows gathered, then each warp reads one row of one
+//   expert once for every slot routed there (a batch of 64 tokens × 8 of 128 experts reads each
+//   expert once instead of about four times), and the combine sums each token's rows in slot order.
+// Both take the same row dots in the same order, so they agree to the bit.
 #include "backend/cuda/weights.cuh"
 
 namespace qinfer::cuda {
@@ -131,7 +137,100 @@ void launch_stage(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, in
   QINFER_CUDA_CHECK_LAUNCH("expert_kernel<<<>>>");
 }
 
+// Slots one pass of the grouped kernels takes against each weight row (more loop again, from L1).
+constexpr int kGroupSlots = 8;
+
+// Expert blockIdx.y's slots, rows first .. first + n of `in` ([·, width]), through row r of its
+// matrix w, per stage: gate: act[row, r] = gate_e(x)_r; up: act[row, r] = silu(act[row, r]) · up_e(x)_r;
+// down: out_rows[row, r] = down_e(act)_r.
+template <class Fmt, bool kVec, Stage kStage>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
+    grouped_kernel(const float* __restrict__ in, int64_t width, int64_t rows_per_expert, int E,
+                   const int32_t* __restrict__ meta, WeightView w, float* out) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int lane = threadIdx.x % kWarp, e = static_cast<int>(blockIdx.y);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  const int n = load_after_wait(meta + e), first = load_after_wait(meta + E + e);
+  if (r >= rows_per_expert) return;
+  for (int s0 = 0; s0 < n; s0 += kGroupSlots) {
+    const int count = min(kGroupSlots, n - s0);
+    float acc[kGroupSlots] = {};
+    Fmt::template row_dot<kGroupSlots, kVec>(w, e * rows_per_expert + r, in + static_cast<int64_t>(first + s0) * width,
+                                             width, count, lane, acc);
+#pragma unroll
+    for (int t = 0; t < kGroupSlots; ++t) {
+      if (t >= count) break;
+      const float dot = warp_sum(acc[t]);
+      float* y = out + static_cast<int64_t>(first + s0 + t) * rows_per_expert + r;
+      if (lane == 0) *y = kStage == Stage::up ? silu(*y) * dot : dot;
+    }
+  }
+}
+
+// rows[slot_row[s]] = x[s / k] (f32), one block per slot; bad slots (row −1) copy nothing.
+__global__ void __launch_bounds__(256) grouped_gather_kernel(const float* __restrict__ x, int64_t H, int64_t k,
+                                                             int64_t slots, const int32_t* __restrict__ slot_row,
+                                                             float* __restrict__ rows) {
+  for (int64_t s = blockIdx.x; s < slots; s += gridDim.x) {
+    const int32_t row = slot_row[s];
+    if (row < 0) continue;
+    const float* from = x + (s / k) * H;
+    float* to = rows + static_cast<int64_t>(row) * H;
+    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) to[c] = from[c];
+  }
+}
+
+template <Stage kStage>
+void grouped_pass(const float* in, int64_t width, int64_t rows_per_expert, int64_t E, const int32_t* meta,
+                  const WeightView& w, float* out, cudaStream_t stream) {
+  const bool vec = aligned16(in) && width % 4 == 0;
+  const dim3 grid(static_cast<unsigned>((rows_per_expert + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  static_cast<unsigned>(E));
+  dispatch(w, [&](auto format) {
+    using Fmt = decltype(format);
+    if (vec && Fmt::vectorizable(w))
+      launch_overlapped(grouped_kernel<Fmt, true, kStage>, grid, kWarpsPerBlock * kWarp, 0, stream, in, width,
+                        rows_per_expert, static_cast<int>(E), meta, w, out);
+    else
+      launch_overlapped(grouped_kernel<Fmt, false, kStage>, grid, kWarpsPerBlock * kWarp, 0, stream, in, width,
+                        rows_per_expert, static_cast<int>(E), meta, w, out);
+  });
+  QINFER_CUDA_CHECK_LAUNCH("grouped_kernel<<<>>>");
+}
+
+// Ints of the sort's work, slot rows and counts, rounded up so that the float rows after them
+// start 16-byte aligned.
+int64_t grouped_ints(int64_t slots, int64_t E) { return (moe_sort_work_ints(slots, E) + slots + 2 * E + 1 + 3) / 4 * 4; }
+
 }  // namespace
+
+bool moe_groups_by_expert(int64_t T, int64_t k, int64_t E) { return T >= 2 && 2 * T * k >= E; }
+
+size_t moe_grouped_rows_bytes(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+  return static_cast<size_t>(grouped_ints(T * k, E) + T * k * (H + I)) * sizeof(float);
+}
+
+void launch_moe_experts_grouped(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k,
+                                const int32_t* ids, const float* weights, const WeightView& gate, const WeightView& up,
+                                const WeightView& down, void* work, float* out, DeviceStatus* status,
+                                cudaStream_t stream) {
+  const int64_t slots = T * k;
+  if (slots == 0 || H == 0) return;
+  int32_t* sort_work = static_cast<int32_t*>(work);
+  int32_t* slot_row = sort_work + moe_sort_work_ints(slots, E);
+  int32_t* meta = slot_row + slots;
+  float* rows = reinterpret_cast<float*>(sort_work + grouped_ints(slots, E));
+  float* act = rows + slots * H;
+  launch_moe_sort(ids, slots, 0, E, 1, sort_work, slot_row, meta, status, stream);
+  grouped_gather_kernel<<<static_cast<unsigned>(std::min<int64_t>(slots, 65535)), 256, 0, stream>>>(x, H, k, slots, slot_row, rows);
+  QINFER_CUDA_CHECK_LAUNCH("grouped_gather_kernel<<<>>>");
+  grouped_pass<Stage::gate>(rows, H, I, E, meta, gate, act, stream);
+  grouped_pass<Stage::up>(rows, H, I, E, meta, up, act, stream);
+  // The down rows reuse the gathered x rows' memory: the up pass was their last reader.
+  grouped_pass<Stage::down>(act, I, H, E, meta, down, rows, stream);
+  launch_moe_combine(rows, slot_row, weights, T, k, H, out, stream);
+}
 
 void launch_moe_route(const float* logits, int64_t T, int64_t E, int64_t k, bool renormalize, int32_t* ids,
                       float* weights, cudaStream_t stream) {
