@@ -833,7 +833,7 @@ class CudaOps final : public Ops {
                                 out.ptr<float>(), precision_ == Precision::fast, status_, stream()))
         return;
     }
-    if (moe_groups_by_expert(T, k, E)) {
+    if (moe_groups_by_expert(T, H, I, E, k)) {
       Scratch work = scratch(moe_grouped_rows_bytes(T, H, I, E, k));
       return launch_moe_experts_grouped(x.ptr<float>(), T, H, I, E, k, ids.ptr<int32_t>(), weights.ptr<float>(), g, u,
                                         d, work.as<char>(), out.ptr<float>(), status_, stream());

@@ -218,8 +218,9 @@ void launch_moe_experts(const float* x, int64_t T, int64_t H, int64_t I, int64_t
                         float* act, float* out, DeviceStatus* status, cudaStream_t stream);
 // Whether a batch's slots go grouped by expert (launch_moe_experts_grouped) rather than per slot:
 // from two tokens, once the slots are at least half the experts (below that few share one, and the
-// sort, gather and combine cost more than the rows re-read).
-bool moe_groups_by_expert(int64_t T, int64_t k, int64_t E);
+// sort, gather and combine cost more than the rows re-read), and when one slot's row of width H or
+// I fits the shared memory a block stages them in.
+bool moe_groups_by_expert(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
 // The scratch bytes launch_moe_experts_grouped's `work` holds.
 size_t moe_grouped_rows_bytes(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k);
 // launch_moe_experts' result with the slots sorted by expert on the device (nothing read back: a

@@ -137,33 +137,55 @@ void launch_stage(const float* x, int64_t T, int64_t H, int64_t I, int64_t E, in
   QINFER_CUDA_CHECK_LAUNCH("expert_kernel<<<>>>");
 }
 
-// Slots one pass of the grouped kernels takes against each weight row (more loop again, from L1).
+// Slots one pass of the grouped kernels takes against each weight row (at most; fewer when their
+// rows would not fit kGroupShared), and the weight rows one block reads against them: the staged
+// activations cost count·width·4 bytes of L2 reads per block against 32 rows of weights.
 constexpr int kGroupSlots = 8;
+constexpr int kGroupRows = 32;
+constexpr int64_t kGroupShared = 96 << 10;  // two blocks per SM, which the registers allow anyway
 
-// Expert blockIdx.y's slots, rows first .. first + n of `in` ([·, width]), through row r of its
+int group_slots(int64_t width) {
+  return static_cast<int>(std::min<int64_t>(kGroupSlots, kGroupShared / (width * static_cast<int64_t>(sizeof(float)))));
+}
+
+// Expert blockIdx.y's slots, rows first .. first + n of `in` ([·, width]), through rows of its
 // matrix w, per stage: gate: act[row, r] = gate_e(x)_r; up: act[row, r] = silu(act[row, r]) · up_e(x)_r;
-// down: out_rows[row, r] = down_e(act)_r.
+// down: out_rows[row, r] = down_e(act)_r. The block stages up to `slots` of the rows in shared
+// memory (an expert's rows are read by every block of it: from L2 once per block rather than once
+// per warp), and each warp takes rows blockIdx.x · kGroupRows + warp, + kWarpsPerBlock, ….
 template <class Fmt, bool kVec, Stage kStage>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 2)
-    grouped_kernel(const float* __restrict__ in, int64_t width, int64_t rows_per_expert, int E,
+    grouped_kernel(const float* __restrict__ in, int64_t width, int64_t rows_per_expert, int E, int slots,
                    const int32_t* __restrict__ meta, WeightView w, float* out) {
+  extern __shared__ float4 staged4[];
+  float* staged = reinterpret_cast<float*>(staged4);
   allow_next_kernel();
   wait_for_previous_kernel();
-  const int lane = threadIdx.x % kWarp, e = static_cast<int>(blockIdx.y);
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, e = static_cast<int>(blockIdx.y);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGroupRows;
   const int n = load_after_wait(meta + e), first = load_after_wait(meta + E + e);
-  if (r >= rows_per_expert) return;
-  for (int s0 = 0; s0 < n; s0 += kGroupSlots) {
-    const int count = min(kGroupSlots, n - s0);
-    float acc[kGroupSlots] = {};
-    Fmt::template row_dot<kGroupSlots, kVec>(w, e * rows_per_expert + r, in + static_cast<int64_t>(first + s0) * width,
-                                             width, count, lane, acc);
+  for (int s0 = 0; s0 < n; s0 += slots) {
+    const int count = min(slots, n - s0);
+    if (s0 > 0) __syncthreads();  // every warp is done with the previous slots
+    const float* from = in + static_cast<int64_t>(first + s0) * width;
+    const int64_t values = count * width;
+    if (kVec) {
+      for (int64_t i = threadIdx.x; i < values / 4; i += blockDim.x)
+        staged4[i] = load_after_wait(reinterpret_cast<const float4*>(from) + i);
+    } else {
+      for (int64_t i = threadIdx.x; i < values; i += blockDim.x) staged[i] = load_after_wait(from + i);
+    }
+    __syncthreads();
+    for (int64_t r = r0 + warp; r < min(r0 + kGroupRows, rows_per_expert); r += kWarpsPerBlock) {
+      float acc[kGroupSlots] = {};
+      Fmt::template row_dot<kGroupSlots, kVec, true>(w, e * rows_per_expert + r, staged, width, count, lane, acc);
 #pragma unroll
-    for (int t = 0; t < kGroupSlots; ++t) {
-      if (t >= count) break;
-      const float dot = warp_sum(acc[t]);
-      float* y = out + static_cast<int64_t>(first + s0 + t) * rows_per_expert + r;
-      if (lane == 0) *y = kStage == Stage::up ? silu(*y) * dot : dot;
+      for (int t = 0; t < kGroupSlots; ++t) {
+        if (t >= count) break;
+        const float dot = warp_sum(acc[t]);
+        float* y = out + static_cast<int64_t>(first + s0 + t) * rows_per_expert + r;
+        if (lane == 0) *y = kStage == Stage::up ? silu(*y) * dot : dot;
+      }
     }
   }
 }
@@ -181,20 +203,34 @@ __global__ void __launch_bounds__(256) grouped_gather_kernel(const float* __rest
   }
 }
 
+template <class Fmt, bool kVec, Stage kStage>
+void launch_grouped(dim3 grid, size_t shared, cudaStream_t stream, const float* in, int64_t width,
+                    int64_t rows_per_expert, int64_t E, int slots, const int32_t* meta, const WeightView& w,
+                    float* out) {
+  // Past the 48 KiB of shared memory a kernel gets by default; once per kernel.
+  static const bool allowed = [] {
+    QINFER_CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel<Fmt, kVec, kStage>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGroupShared)));
+    return true;
+  }();
+  (void)allowed;
+  launch_overlapped(grouped_kernel<Fmt, kVec, kStage>, grid, kWarpsPerBlock * kWarp, shared, stream, in, width,
+                    rows_per_expert, static_cast<int>(E), slots, meta, w, out);
+}
+
 template <Stage kStage>
 void grouped_pass(const float* in, int64_t width, int64_t rows_per_expert, int64_t E, const int32_t* meta,
                   const WeightView& w, float* out, cudaStream_t stream) {
   const bool vec = aligned16(in) && width % 4 == 0;
-  const dim3 grid(static_cast<unsigned>((rows_per_expert + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                  static_cast<unsigned>(E));
+  const int slots = group_slots(width);
+  const size_t shared = static_cast<size_t>(slots * width) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>((rows_per_expert + kGroupRows - 1) / kGroupRows), static_cast<unsigned>(E));
   dispatch(w, [&](auto format) {
     using Fmt = decltype(format);
     if (vec && Fmt::vectorizable(w))
-      launch_overlapped(grouped_kernel<Fmt, true, kStage>, grid, kWarpsPerBlock * kWarp, 0, stream, in, width,
-                        rows_per_expert, static_cast<int>(E), meta, w, out);
+      launch_grouped<Fmt, true, kStage>(grid, shared, stream, in, width, rows_per_expert, E, slots, meta, w, out);
     else
-      launch_overlapped(grouped_kernel<Fmt, false, kStage>, grid, kWarpsPerBlock * kWarp, 0, stream, in, width,
-                        rows_per_expert, static_cast<int>(E), meta, w, out);
+      launch_grouped<Fmt, false, kStage>(grid, shared, stream, in, width, rows_per_expert, E, slots, meta, w, out);
   });
   QINFER_CUDA_CHECK_LAUNCH("grouped_kernel<<<>>>");
 }
@@ -205,7 +241,9 @@ int64_t grouped_ints(int64_t slots, int64_t E) { return (moe_sort_work_ints(slot
 
 }  // namespace
 
-bool moe_groups_by_expert(int64_t T, int64_t k, int64_t E) { return T >= 2 && 2 * T * k >= E; }
+bool moe_groups_by_expert(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+  return T >= 2 && 2 * T * k >= E && group_slots(std::max(H, I)) >= 1;
+}
 
 size_t moe_grouped_rows_bytes(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
   return static_cast<size_t>(grouped_ints(T * k, E) + T * k * (H + I)) * sizeof(float);

@@ -2,8 +2,9 @@
 // How kernels read weight rows, per stored format: one struct per format (dense f32 / bf16 / f16,
 // MLX affine 2-8 bits, mxfp4, nvfp4, mxfp8) with
 //   element(w, row, j)   one value, bit-exact with Weight::row_f32 (embedding, dequantize-to-GEMM);
-//   row_dot<kMaxT, kVec>  a warp's partial dot products of one row with up to kMaxT activation rows
-//                         (each lane sums a strided share; the caller reduces across the warp);
+//   row_dot<kMaxT, kVec, kStagedX>  a warp's partial dot products of one row with up to kMaxT
+//                         activation rows (each lane sums a strided share; the caller reduces across
+//                         the warp), the rows in global memory or (kStagedX) staged in shared memory;
 //   vectorizable(w)       whether the row reads may use 16-byte loads (alignment checked on the host).
 // and, for the formats the decode GEMV reads in tiles (kTile: dense, whole-word MLX codes),
 //   unit: kUnitWords words of one row that one lane loads at once, kUnit (a multiple of 4) elements
@@ -30,15 +31,22 @@ __device__ __forceinline__ float load_float(const void* p, int64_t i, DType dtyp
 }
 
 // acc[t] += w0·x[t][j] + … + w3·x[t][j+3] for t < T; kVec reads the four as one float4 (the host
-// checked that x and its row stride are 16-byte aligned, and j is a multiple of 4).
-template <int kMaxT, bool kVec>
+// checked that x and its row stride are 16-byte aligned, and j is a multiple of 4). kStagedX: x is
+// in shared memory, staged by the block behind a barrier, so plain loads (generic addressing) read
+// it; otherwise x is global memory a previous kernel wrote, read after the wait.
+template <int kMaxT, bool kVec, bool kStagedX = false>
 __device__ __forceinline__ void fma4(float (&acc)[kMaxT], float w0, float w1, float w2, float w3,
                                      const float* __restrict__ x, int64_t ldx, int T, int64_t j) {
 #pragma unroll
   for (int t = 0; t < kMaxT; ++t) {
     if (t < T) {
       const float* xt = x + t * ldx + j;
-      if constexpr (kVec) {
+      if constexpr (kStagedX && kVec) {
+        const float4 v = *reinterpret_cast<const float4*>(xt);
+        acc[t] = fmaf(w0, v.x, fmaf(w1, v.y, fmaf(w2, v.z, fmaf(w3, v.w, acc[t]))));
+      } else if constexpr (kStagedX) {
+        acc[t] = fmaf(w0, xt[0], fmaf(w1, xt[1], fmaf(w2, xt[2], fmaf(w3, xt[3], acc[t]))));
+      } else if constexpr (kVec) {
         const float4 v = load_after_wait(reinterpret_cast<const float4*>(xt));
         acc[t] = fmaf(w0, v.x, fmaf(w1, v.y, fmaf(w2, v.z, fmaf(w3, v.w, acc[t]))));
       } else {
@@ -156,11 +164,36 @@ struct Dense {
     }
   }
 
-  template <int kMaxT, bool kVec>
+  template <int kMaxT, bool kVec, bool kStagedX = false>
   __device__ static void row_dot(const WeightView& w, int64_t row, const float* __restrict__ x, int64_t ldx, int T,
                                  int lane, float (&acc)[kMaxT]) {
     const Storage* r = static_cast<const Storage*>(w.data) + row * w.in;
-    if constexpr (kVec) {
+    if constexpr (kVec && kStagedX) {
+      // x comes from shared memory at little cost, so the weight loads are what the warp waits on:
+      // each lane has kAhead of them in flight before it uses the first. Units are taken in the same
+      // order as below, so the sums agree to the bit with the global-x path.
+      constexpr int kAhead = 4;
+      const uint4* units = reinterpret_cast<const uint4*>(r);
+      const int64_t n = w.in / kPerUnit;
+      for (int64_t u0 = lane; u0 < n; u0 += kAhead * kWarp) {
+        uint4 raw[kAhead];
+#pragma unroll
+        for (int a = 0; a < kAhead; ++a) {
+          const int64_t u = u0 + a * kWarp;
+          raw[a] = u < n ? __ldg(units + u) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int a = 0; a < kAhead; ++a) {
+          const int64_t u = u0 + a * kWarp;
+          if (u >= n) break;
+          float v[kPerUnit];
+          unpack(raw[a], v);
+#pragma unroll
+          for (int k = 0; k < kPerUnit; k += 4)
+            fma4<kMaxT, true, true>(acc, v[k], v[k + 1], v[k + 2], v[k + 3], x, ldx, T, u * kPerUnit + k);
+        }
+      }
+    } else if constexpr (kVec) {
       const uint4* units = reinterpret_cast<const uint4*>(r);
       const int64_t n = w.in / kPerUnit;
 #pragma unroll(kMaxT == 1 ? 4 : 1)
@@ -175,7 +208,7 @@ struct Dense {
         const float v = Elem::decode(__ldg(r + j));
 #pragma unroll
         for (int t = 0; t < kMaxT; ++t)
-          if (t < T) acc[t] = fmaf(v, load_after_wait(x + t * ldx + j), acc[t]);
+          if (t < T) acc[t] = fmaf(v, kStagedX ? x[t * ldx + j] : load_after_wait(x + t * ldx + j), acc[t]);
       }
     }
   }
@@ -258,7 +291,7 @@ struct Quant {
     return value(static_cast<uint32_t>(v) & kMask, group(w, row * groups + (j >> w.group_shift)));
   }
 
-  template <int kMaxT, bool kVec>
+  template <int kMaxT, bool kVec, bool kStagedX = false>
   __device__ static void row_dot(const WeightView& w, int64_t row, const float* __restrict__ x, int64_t ldx, int T,
                                  int lane, float (&acc)[kMaxT]) {
     const uint32_t* r = static_cast<const uint32_t*>(w.data) + row * w.row_words;
@@ -271,7 +304,7 @@ struct Quant {
         const Group g = group(w, g0 + (e0 >> w.group_shift));
 #pragma unroll
         for (int k = 0; k < kPerWord; k += 4)
-          fma4<kMaxT, kVecX>(acc, value((bits >> (k * kBits)) & kMask, g), value((bits >> ((k + 1) * kBits)) & kMask, g),
+          fma4<kMaxT, kVecX, kStagedX>(acc, value((bits >> (k * kBits)) & kMask, g), value((bits >> ((k + 1) * kBits)) & kMask, g),
                              value((bits >> ((k + 2) * kBits)) & kMask, g),
                              value((bits >> ((k + 3) * kBits)) & kMask, g), x, ldx, T, e0 + k);
       };
@@ -300,7 +333,7 @@ struct Quant {
         const Group g = group(w, g0 + ((c * 32) >> w.group_shift));
 #pragma unroll
         for (int k = 0; k < 32; k += 4)
-          fma4<kMaxT, kVecX>(acc, value(extract<kBits>(words, k), g), value(extract<kBits>(words, k + 1), g),
+          fma4<kMaxT, kVecX, kStagedX>(acc, value(extract<kBits>(words, k), g), value(extract<kBits>(words, k + 1), g),
                              value(extract<kBits>(words, k + 2), g), value(extract<kBits>(words, k + 3), g), x, ldx,
                              T, c * 32 + k);
       }
