@@ -50,6 +50,20 @@ void move_targets(SeqLayout& layout, int64_t slots) {
     }
 }
 
+// `launch` as one step the dut records under `key` (a backend that records runs it once, records
+// it the second time and replays it from the third): `out` as the step hands it back.
+template <class Launch>
+Tensor recorded_step(Ops& dut, const std::string& key, const Tensor& out, Launch&& launch) {
+  dut.begin_step(key);
+  try {
+    launch();
+  } catch (...) {
+    dut.abort_step();
+    throw;
+  }
+  return dut.end_step(out);
+}
+
 // Gives every other sequence with tokens (the first, the third, ...) a snapshot in a slot no one uses:
 // alternately inside its tokens and after all of them.
 void add_snapshots(SeqLayout& layout, int64_t slots) {
@@ -610,15 +624,10 @@ void add_attention(std::vector<Case>& cases) {
                        Tensor out_ref = host_tensor(DType::f32, {S, heads, head_dim});
                        r.ref.attention(q, pool, layout, scale, out_ref);
                        // The key names what shapes the launches: the pool's dtype among them.
-                       r.dut.begin_step(fmt::format("op_harness recorded attention decode {}", name(kv)));
-                       try {
-                         r.dut.attention(q_dut, pool_dut, layout, scale, out);
-                       } catch (...) {
-                         r.dut.abort_step();
-                         throw;
-                       }
-                       r.compare(fmt::format("out step {} cached={}", i, seqs_str(steps[i])), r.dut.end_step(out),
-                                 out_ref, kTol);
+                       const Tensor got =
+                           recorded_step(r.dut, fmt::format("op_harness recorded attention decode {}", name(kv)), out,
+                                         [&] { r.dut.attention(q_dut, pool_dut, layout, scale, out); });
+                       r.compare(fmt::format("out step {} cached={}", i, seqs_str(steps[i])), got, out_ref, kTol);
                      }
                    }});
 }
@@ -709,14 +718,10 @@ void add_moe(std::vector<Case>& cases) {
                        Tensor out_ref = host_tensor(DType::f32, {s.T, s.H});
                        r.ref.moe_experts(x, idt, weights, gate, up, down, out_ref);
                        r.dut.copy(idt, ids_dut);
-                       r.dut.begin_step("op_harness recorded moe_experts");
-                       try {
+                       const Tensor got = recorded_step(r.dut, "op_harness recorded moe_experts", out, [&] {
                          r.dut.moe_experts(x_dut, ids_dut, weights_dut, gate_dut, up_dut, down_dut, out);
-                       } catch (...) {
-                         r.dut.abort_step();
-                         throw;
-                       }
-                       r.compare(fmt::format("out step {}", step), r.dut.end_step(out), out_ref, kTol);
+                       });
+                       r.compare(fmt::format("out step {}", step), got, out_ref, kTol);
                      }
                    }});
   // MLX affine experts: decode-sized batches go through the cuda backend's affine GEMV (one launch

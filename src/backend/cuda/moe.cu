@@ -207,13 +207,10 @@ template <class Fmt, bool kVec, Stage kStage>
 void launch_grouped(dim3 grid, size_t shared, cudaStream_t stream, const float* in, int64_t width,
                     int64_t rows_per_expert, int64_t E, int slots, const int32_t* meta, const WeightView& w,
                     float* out) {
-  // Past the 48 KiB of shared memory a kernel gets by default; once per kernel.
-  static const bool allowed = [] {
+  // Beyond 48 KiB a kernel must opt in (a per-device function attribute, cheap to set again).
+  if (shared > 48 * 1024)
     QINFER_CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel<Fmt, kVec, kStage>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kGroupShared)));
-    return true;
-  }();
-  (void)allowed;
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   launch_overlapped(grouped_kernel<Fmt, kVec, kStage>, grid, kWarpsPerBlock * kWarp, shared, stream, in, width,
                     rows_per_expert, static_cast<int>(E), slots, meta, w, out);
 }

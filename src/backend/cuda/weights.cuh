@@ -30,10 +30,22 @@ __device__ __forceinline__ float load_float(const void* p, int64_t i, DType dtyp
   return __ldg(static_cast<const float*>(p) + i);
 }
 
+// x[0] (x[0..3] as one float4): kStagedX, x is in shared memory, staged by the block behind a
+// barrier, so plain loads (generic addressing) read it; otherwise x is global memory a previous
+// kernel wrote, read after the wait.
+template <bool kStagedX>
+__device__ __forceinline__ float load_x(const float* x) {
+  if constexpr (kStagedX) return *x;
+  else return load_after_wait(x);
+}
+template <bool kStagedX>
+__device__ __forceinline__ float4 load_x4(const float* x) {
+  if constexpr (kStagedX) return *reinterpret_cast<const float4*>(x);
+  else return load_after_wait(reinterpret_cast<const float4*>(x));
+}
+
 // acc[t] += w0·x[t][j] + … + w3·x[t][j+3] for t < T; kVec reads the four as one float4 (the host
-// checked that x and its row stride are 16-byte aligned, and j is a multiple of 4). kStagedX: x is
-// in shared memory, staged by the block behind a barrier, so plain loads (generic addressing) read
-// it; otherwise x is global memory a previous kernel wrote, read after the wait.
+// checked that x and its row stride are 16-byte aligned, and j is a multiple of 4).
 template <int kMaxT, bool kVec, bool kStagedX = false>
 __device__ __forceinline__ void fma4(float (&acc)[kMaxT], float w0, float w1, float w2, float w3,
                                      const float* __restrict__ x, int64_t ldx, int T, int64_t j) {
@@ -41,16 +53,11 @@ __device__ __forceinline__ void fma4(float (&acc)[kMaxT], float w0, float w1, fl
   for (int t = 0; t < kMaxT; ++t) {
     if (t < T) {
       const float* xt = x + t * ldx + j;
-      if constexpr (kStagedX && kVec) {
-        const float4 v = *reinterpret_cast<const float4*>(xt);
-        acc[t] = fmaf(w0, v.x, fmaf(w1, v.y, fmaf(w2, v.z, fmaf(w3, v.w, acc[t]))));
-      } else if constexpr (kStagedX) {
-        acc[t] = fmaf(w0, xt[0], fmaf(w1, xt[1], fmaf(w2, xt[2], fmaf(w3, xt[3], acc[t]))));
-      } else if constexpr (kVec) {
-        const float4 v = load_after_wait(reinterpret_cast<const float4*>(xt));
+      if constexpr (kVec) {
+        const float4 v = load_x4<kStagedX>(xt);
         acc[t] = fmaf(w0, v.x, fmaf(w1, v.y, fmaf(w2, v.z, fmaf(w3, v.w, acc[t]))));
       } else {
-        acc[t] = fmaf(w0, load_after_wait(xt), fmaf(w1, load_after_wait(xt + 1), fmaf(w2, load_after_wait(xt + 2), fmaf(w3, load_after_wait(xt + 3), acc[t]))));
+        acc[t] = fmaf(w0, load_x<kStagedX>(xt), fmaf(w1, load_x<kStagedX>(xt + 1), fmaf(w2, load_x<kStagedX>(xt + 2), fmaf(w3, load_x<kStagedX>(xt + 3), acc[t]))));
       }
     }
   }
@@ -208,7 +215,7 @@ struct Dense {
         const float v = Elem::decode(__ldg(r + j));
 #pragma unroll
         for (int t = 0; t < kMaxT; ++t)
-          if (t < T) acc[t] = fmaf(v, kStagedX ? x[t * ldx + j] : load_after_wait(x + t * ldx + j), acc[t]);
+          if (t < T) acc[t] = fmaf(v, load_x<kStagedX>(x + t * ldx + j), acc[t]);
       }
     }
   }
