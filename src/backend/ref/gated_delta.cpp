@@ -1,19 +1,11 @@
 #include "backend/ref/gated_delta.h"
+#include "backend/ref/dot.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 namespace qinfer::ref {
-namespace {
-
-double dot(const float* a, const float* b, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-}  // namespace
 
 void delta_rule_recurrent(const DeltaHead& h, float* S) {
   std::vector<float> delta(h.dv);

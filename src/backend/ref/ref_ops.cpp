@@ -10,12 +10,14 @@
 #include <string>
 
 #include "backend/ops.h"
+#include "backend/ref/dot.h"
 #include "backend/ref/gated_delta.h"
 #include "core/error.h"
 
 namespace qinfer {
 namespace {
 
+using ref::dot;
 constexpr int64_t kAny = -1;
 constexpr DType kF32[] = {DType::f32};
 constexpr DType kKvDTypes[] = {DType::f32, DType::bf16};
@@ -75,11 +77,6 @@ void check_seqs(std::string_view op, const SeqLayout& layout, int64_t tokens, in
   check_seq_layout(fmt::format("ref {}", op), layout, tokens, slots);
 }
 
-double dot(const float* a, const float* b, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -320,15 +317,18 @@ class RefOps final : public Ops {
     std::vector<float> scores, keys, values;
     std::vector<double> acc(head_dim);
     for (int64_t s = 0; s < layout.seqs.num_seqs(); ++s) {
+      if (cu[s + 1] == cu[s]) continue;
+      // The sequence's keys and values [positions, kv_heads, head_dim] as f32, read once: each of
+      // its tokens sees a prefix of them.
+      const int64_t positions = layout.cached[s] + (cu[s + 1] - cu[s]);
+      keys.resize(positions * row), values.resize(positions * row);
+      for (int64_t p = 0; p < positions; ++p) {
+        const int64_t r = kv_row("attention", layout, s, p, pool.k.dim(0));
+        read_kv(pool.k, r * row, row, keys.data() + p * row);
+        read_kv(pool.v, r * row, row, values.data() + p * row);
+      }
       for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
         const int64_t n_keys = layout.cached[s] + (t - cu[s]) + 1;
-        // The sequence's keys and values [n_keys, kv_heads, head_dim] as f32.
-        keys.resize(n_keys * row), values.resize(n_keys * row);
-        for (int64_t p = 0; p < n_keys; ++p) {
-          const int64_t r = kv_row("attention", layout, s, p, pool.k.dim(0));
-          read_kv(pool.k, r * row, row, keys.data() + p * row);
-          read_kv(pool.v, r * row, row, values.data() + p * row);
-        }
         for (int64_t h = 0; h < heads; ++h) {
           const float* qh = q.ptr<float>() + (t * heads + h) * head_dim;
           const int64_t kv_offset = (h / group) * head_dim;
