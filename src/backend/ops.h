@@ -227,6 +227,10 @@ class Ops {
   virtual void sample(const Tensor& logits, const std::vector<SamplingParams>& params,
                       const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
                       std::vector<int32_t>& out) = 0;
+  // Constrained decoding, before sample: in logits f32 [S, V], row rows[r] (i32 [R], distinct, in
+  // [0, S)) keeps the logits whose ids have their bit set in allowed u32 [R, ceil(V / 32)] (id v: bit
+  // v % 32 of word v / 32); the others become −inf. (mask_logits_rows in backend/sampling.h.)
+  virtual void mask_logits(Tensor& logits, const Tensor& rows, const Tensor& allowed) = 0;
 
  protected:
   DType kv_dtype_ = DType::f32;

@@ -1,5 +1,7 @@
 #include "backend/sampling.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -261,6 +263,29 @@ float sampling_threshold(const SamplingParams& p) {
 
 double sampling_uniform(uint64_t seed, uint64_t step) {
   return static_cast<double>(splitmix64(splitmix64(seed) + step) >> 11) * 0x1.0p-53;
+}
+
+void mask_logits_rows(Tensor& logits, const Tensor& rows, const Tensor& allowed) {
+  const auto shape_str = [](const Tensor& t) { return fmt::format("[{}]", fmt::join(t.shape, ", ")); };
+  QINFER_CHECK(logits.dtype == DType::f32 && logits.rank() == 2, "mask_logits: logits must be f32 [S, V], got {} {}",
+               name(logits.dtype), shape_str(logits));
+  const int64_t S = logits.dim(0), V = logits.dim(1), words = (V + 31) / 32;
+  QINFER_CHECK(rows.dtype == DType::i32 && rows.rank() == 1, "mask_logits: rows must be i32 [R], got {} {}",
+               name(rows.dtype), shape_str(rows));
+  const int64_t R = rows.dim(0);
+  QINFER_CHECK(allowed.dtype == DType::u32 && allowed.shape == std::vector<int64_t>({R, words}),
+               "mask_logits: allowed must be u32 [{}, {}], got {} {}", R, words, name(allowed.dtype),
+               shape_str(allowed));
+  std::vector<char> seen(S, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t row = rows.ptr<int32_t>()[r];
+    QINFER_CHECK(row >= 0 && row < S && !seen[row], "mask_logits: row {} is out of [0, {}) or repeated", row, S);
+    seen[row] = 1;
+    float* l = logits.ptr<float>() + row * V;
+    const uint32_t* bits = allowed.ptr<uint32_t>() + r * words;
+    for (int64_t v = 0; v < V; ++v)
+      if (!((bits[v >> 5] >> (v & 31)) & 1)) l[v] = -std::numeric_limits<float>::infinity();
+  }
 }
 
 void sample_rows(const Tensor& logits, const std::vector<SamplingParams>& params,

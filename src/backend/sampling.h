@@ -40,6 +40,10 @@ void sample_rows(const Tensor& logits, const std::vector<SamplingParams>& params
                  const std::vector<std::vector<int32_t>>& history, const std::vector<uint64_t>& step,
                  std::vector<int32_t>& out);
 
+// Ops::mask_logits on host tensors: the one definition, which host backends run and device backends
+// reproduce. Throws for bad shapes, dtypes, or rows out of range or repeated.
+void mask_logits_rows(Tensor& logits, const Tensor& rows, const Tensor& allowed);
+
 // The uniform [0,1) draw of step 3 (53 random bits), exposed for tests and for device backends.
 double sampling_uniform(uint64_t seed, uint64_t step);
 

@@ -603,6 +603,9 @@ class PoisonOps : public Ops {
               std::vector<int32_t>& out) override {
     inner_.sample(logits, params, history, step, out);
   }
+  void mask_logits(Tensor& logits, const Tensor& rows, const Tensor& allowed) override {
+    inner_.mask_logits(logits, rows, allowed);
+  }
 
  private:
   Ops& inner_;

@@ -116,7 +116,9 @@ TEST(GrammarMasks, EqualCheckingEveryTokenAlongRandomWalks) {
       // Lean towards the stop token late in a walk, so walks finish too.
       const int32_t id = step > 30 && test_bit(mask, 0) ? 0 : choices[rng() % choices.size()];
       ASSERT_TRUE(constraint.accept(id));
-      if (id != 0) ASSERT_TRUE(reference.advance(trie->bytes(id)));
+      if (id != 0) {
+        ASSERT_TRUE(reference.advance(trie->bytes(id)));
+      }
       text += trie->bytes(id);
     }
     finished += constraint.finished();
@@ -173,7 +175,9 @@ TEST(GrammarMasks, Qwen3VocabularyMatchesBruteForce) {
       const int32_t id = i < ids.size() ? ids[i] : stop;
       ASSERT_TRUE(test_bit(mask, id)) << "token " << i << " (" << id << ") masked out";
       ASSERT_TRUE(c.accept(id));
-      if (i < ids.size()) ASSERT_TRUE(reference.advance(trie->bytes(id)));
+      if (i < ids.size()) {
+        ASSERT_TRUE(reference.advance(trie->bytes(id)));
+      }
     }
     EXPECT_TRUE(c.finished());
   }

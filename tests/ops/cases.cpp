@@ -879,6 +879,44 @@ void add_sample(std::vector<Case>& cases) {
   }
 }
 
+// Constrained decoding's mask on some rows of a batch (others untouched), vocabularies that end on,
+// past and before a 32-bit word, and Qwen3's; the masked rows then sampled greedily as decode does.
+void add_mask_logits(std::vector<Case>& cases) {
+  struct Shape { int64_t S, V; std::vector<int32_t> rows; };
+  const Shape shapes[] = {{1, 1, {0}}, {3, 31, {2, 0}}, {4, 32, {1}}, {2, 33, {0, 1}}, {5, 1000, {4, 1, 2}},
+                          {2, 151669, {1}}, {3, 5, {}}};
+  for (const Shape& s : shapes) {
+    cases.push_back({"mask_logits", fmt::format("S={} V={} rows=[{}]", s.S, s.V, fmt::join(s.rows, ",")), [=](Run& r) {
+                       const int64_t R = static_cast<int64_t>(s.rows.size()), words = (s.V + 31) / 32;
+                       Tensor logits = random_tensor(r.rng, DType::f32, {s.S, s.V}, 3.0f);
+                       Tensor allowed = host_tensor(DType::u32, {R, words});
+                       for (int64_t i = 0; i < R * words; ++i)
+                         allowed.ptr<uint32_t>()[i] = static_cast<uint32_t>(r.rng.engine()());
+                       if (R > 0) allowed.ptr<uint32_t>()[0] |= 1u;  // a row keeps at least one id
+                       Tensor rows = i32_tensor({R}, s.rows);
+                       Tensor want = clone(logits);
+                       r.ref.mask_logits(want, rows, allowed);
+                       Tensor got = r.put(logits);
+                       r.dut.mask_logits(got, r.put(rows), r.put(allowed));
+                       // −inf compared as a finite stand-in, so that relative RMS stays defined.
+                       Tensor got_host = clone(r.get(got));
+                       for (Tensor* t : {&want, &got_host})
+                         for (int64_t i = 0; i < t->numel(); ++i)
+                           if (std::isinf(t->ptr<float>()[i])) t->ptr<float>()[i] = -1e30f;
+                       r.compare("logits", got_host, want, 0.0);
+                       std::vector<int32_t> want_ids, got_ids;
+                       const std::vector<SamplingParams> greedy(s.S);
+                       const std::vector<std::vector<int32_t>> history(s.S);
+                       const std::vector<uint64_t> step(s.S, 0);
+                       Tensor masked = clone(logits);
+                       r.ref.mask_logits(masked, rows, allowed);
+                       r.ref.sample(masked, greedy, history, step, want_ids);
+                       r.dut.sample(got, greedy, history, step, got_ids);
+                       r.compare_ids("greedy", got_ids, want_ids);
+                     }});
+  }
+}
+
 }  // namespace
 
 // Several matrices on one x: one launch on a device backend when all take the one-token kernels
@@ -1081,6 +1119,7 @@ std::vector<Case> all_cases() {
   add_moe(cases);
   add_gdn(cases);
   add_sample(cases);
+  add_mask_logits(cases);
   return cases;
 }
 

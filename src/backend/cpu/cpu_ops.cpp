@@ -375,6 +375,10 @@ class CpuOps final : public Ops {
     sample_rows(logits, params, history, step, out);
   }
 
+  void mask_logits(Tensor& logits, const Tensor& rows, const Tensor& allowed) override {
+    mask_logits_rows(logits, rows, allowed);
+  }
+
  private:
   // rope over every head of x, each head first rms_norm'ed by w when w is given (rms_norm_rope).
   void rope_heads(std::string_view op, Tensor& x, const Tensor* w, float eps, const Tensor& positions,

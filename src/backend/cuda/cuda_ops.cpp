@@ -1250,6 +1250,26 @@ class CudaOps final : public Ops {
     sample_on_device(logits, params, history, step, out);
   }
 
+  void mask_logits(Tensor& logits, const Tensor& rows, const Tensor& allowed) override {
+    if (logits.device == Device::cpu) return mask_logits_rows(logits, rows, allowed);
+    check_f32("mask_logits", "logits", logits, 2);
+    check_i32("mask_logits", "rows", rows, 1);
+    const int64_t S = logits.dim(0), V = logits.dim(1), R = rows.dim(0);
+    QINFER_CHECK(allowed.dtype == DType::u32 && allowed.shape == std::vector<int64_t>({R, (V + 31) / 32}),
+                 "cuda mask_logits: allowed must be u32 [{}, {}], got {} {}", R, (V + 31) / 32, qinfer::name(allowed.dtype),
+                 shape_str(allowed.shape));
+    // The rows are checked where they are read: a bad one would write outside the logits.
+    std::vector<int32_t> host_rows(R);
+    read_back(host_rows.data(), rows.ptr<int32_t>(), static_cast<size_t>(R) * sizeof(int32_t));
+    std::vector<char> seen(S, 0);
+    for (int32_t row : host_rows) {
+      QINFER_CHECK(row >= 0 && row < S && !seen[row], "cuda mask_logits: row {} is out of [0, {}) or repeated", row, S);
+      seen[row] = 1;
+    }
+    enter();
+    launch_mask_logits(logits.ptr<float>(), V, rows.ptr<int32_t>(), R, allowed.ptr<uint32_t>(), stream());
+  }
+
  private:
   static_assert(kSamplingBlockIds == kSamplingBlock, "sample.cu's blocks are sampling.h's");
 

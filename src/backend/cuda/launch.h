@@ -331,6 +331,11 @@ void launch_sampling_weigh(const float* logits, int64_t S, int64_t V, const Devi
 void launch_sampling_pick(int64_t S, int64_t V, const DeviceSampleRow* rows, const SamplingBuffers& buf, int32_t* picks,
                           cudaStream_t stream);
 
+// Ops::mask_logits: logits [S, V] rows rows[r] take −inf where allowed [R, ceil(V / 32)] has the id's
+// bit clear (the host checked rows).
+void launch_mask_logits(float* logits, int64_t V, const int32_t* rows, int64_t R, const uint32_t* allowed,
+                        cudaStream_t stream);
+
 // out[s] = the lowest id of the largest logit of row s, NaN never winning (sampling.h's greedy rule).
 // scratch: argmax_scratch_bytes(S, V) bytes of device memory.
 size_t argmax_scratch_bytes(int64_t S, int64_t V);

@@ -393,6 +393,30 @@ size_t argmax_scratch_bytes(int64_t S, int64_t V) {
   return static_cast<size_t>(std::max<int64_t>(S, 0)) * argmax_parts(V) * sizeof(Best);
 }
 
+namespace {
+
+// One thread per logit of a masked row; grid y walks the rows.
+__global__ void mask_logits_kernel(float* logits, int64_t V, const int32_t* rows, const uint32_t* allowed, int64_t words) {
+  const int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (v >= V) return;
+  const int64_t r = blockIdx.y;
+  if (!((allowed[r * words + (v >> 5)] >> (v & 31)) & 1u)) logits[rows[r] * V + v] = __uint_as_float(0xFF800000u);  // −inf
+}
+
+}  // namespace
+
+void launch_mask_logits(float* logits, int64_t V, const int32_t* rows, int64_t R, const uint32_t* allowed,
+                        cudaStream_t stream) {
+  if (R == 0 || V == 0) return;
+  const int64_t words = (V + 31) / 32;
+  for (int64_t r0 = 0; r0 < R; r0 += kMaxGridY) {
+    const int64_t n = std::min(R - r0, kMaxGridY);
+    mask_logits_kernel<<<dim3(static_cast<unsigned>((V + kThreads - 1) / kThreads), static_cast<unsigned>(n)), kThreads,
+                         0, stream>>>(logits, V, rows + r0, allowed + r0 * words, words);
+    QINFER_CUDA_CHECK_LAUNCH("mask_logits_kernel<<<>>>");
+  }
+}
+
 void launch_argmax_rows(const float* logits, int64_t S, int64_t V, int32_t* out, void* scratch, cudaStream_t stream) {
   if (S == 0) return;
   if (V <= 0 || V > INT_MAX) throw_error("cuda argmax: the vocabulary must have 1 .. 2^31 - 1 entries");

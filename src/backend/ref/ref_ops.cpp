@@ -545,6 +545,10 @@ class RefOps final : public Ops {
               std::vector<int32_t>& out) override {
     sample_rows(logits, params, history, step, out);
   }
+
+  void mask_logits(Tensor& logits, const Tensor& rows, const Tensor& allowed) override {
+    mask_logits_rows(logits, rows, allowed);
+  }
 };
 
 }  // namespace
