@@ -903,7 +903,7 @@ void add_mask_logits(std::vector<Case>& cases) {
                        for (Tensor* t : {&want, &got_host})
                          for (int64_t i = 0; i < t->numel(); ++i)
                            if (std::isinf(t->ptr<float>()[i])) t->ptr<float>()[i] = -1e30f;
-                       r.compare("logits", got_host, want, 0.0);
+                       r.compare("logits", r.put(got_host), want, 0.0);
                        std::vector<int32_t> want_ids, got_ids;
                        const std::vector<SamplingParams> greedy(s.S);
                        const std::vector<std::vector<int32_t>> history(s.S);

@@ -1,8 +1,7 @@
 #pragma once
 // Prefill-sized linear layers on the tensor cores: y (f32) = x · wᵀ with both operands in bf16 and
-// f32 accumulation, through cuBLASLt. One algorithm is chosen per problem shape the first time the
-// shape is met, and kept, so that a shape seen again costs one call: for the token counts decode
-// batches pad to, the fastest of the heuristic's candidates timed on the problem; else its first.
+// f32 accumulation, through cuBLASLt. One algorithm is chosen per problem shape (the heuristic's
+// first) and kept, so that a shape seen again costs one call.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -30,9 +29,7 @@ class Bf16Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  const Plan& plan(const void* x, int64_t T, const void* w, int64_t out, int64_t in, int64_t ldy, cudaStream_t stream);
-  cublasLtMatmulAlgo_t fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* results, int found, const void* x,
-                               int64_t T, const void* w, int64_t out, int64_t ldy, cudaStream_t stream);
+  const Plan& plan(int64_t T, int64_t out, int64_t in, int64_t ldy);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
