@@ -300,6 +300,7 @@ void Engine::Impl::take_inbox() {
     s->sampling = p.sampling;
     s->limits = &r->limits;
     s->forks = p.n - 1;
+    if (p.constraint) s->constraint = std::make_unique<grammar::TokenConstraint>(p.constraint);
     if (s->forks > 0) s->fork_at = (s->prompt_tokens - 1) / options.block_size * options.block_size;
     r->live = p.n;
     scheduler.add(std::move(s));
@@ -477,7 +478,7 @@ void Engine::Impl::process(Output& out) {
           wake.notify_one();
         }
       } else if (!t.finish_reason.empty()) {
-        finish_choice(r, t.choice, t.finish_reason, "");
+        finish_choice(r, t.choice, t.finish_reason, t.error);
       }
     } catch (const std::exception& e) {
       for (int32_t k = 0; k < static_cast<int32_t>(r.choices.size()); ++k)

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/sampling.h"
+#include "grammar/mask.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -63,6 +64,9 @@ struct RequestParams {
   std::vector<std::string> stop;     // stop strings: output ends before the first match
   std::vector<int32_t> stop_ids;     // token ids that end a choice (not part of the output)
   int32_t top_logprobs = -1;     // -1: no logprobs; 0..20: the chosen token's logprob and this many alternatives
+  // Constrained decoding (structured outputs): every choice's output follows this grammar, whose
+  // masks allow stop_ids once it can end; a choice whose grammar is complete stops there. Null: free.
+  std::shared_ptr<grammar::GrammarMasks> constraint;
 };
 
 struct TokenLogprob {

@@ -152,7 +152,7 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
   Ops& ops = model_.ops();
   const Tensor raw = model_.forward(batch, cache_);
   if (all_rows) return prompt_rows(plan, to_host(ops, raw));
-  const Tensor logits = text_logits(ops, raw, options_.text_vocab);
+  Tensor logits = text_logits(ops, raw, options_.text_vocab);
 
   // Rows that do not sample (prefill chunks, padding) take the cheap greedy pick.
   std::vector<SamplingParams> params(rows);
@@ -169,10 +169,7 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
   }
   Result result;
   if (sampling.empty()) return result;
-  std::vector<int32_t> next;
-  ops.sample(logits, params, history, steps, next);
-  for (size_t r : sampling) result.ids.push_back(next[r]);
-  if (logprobs) {
+  if (logprobs) {  // the raw logits, before any grammar's mask
     const Tensor host = to_host(ops, logits);
     const int64_t vocab = host.dim(1);
     result.logits = host_tensor(DType::f32, {static_cast<int64_t>(sampling.size()), vocab});
@@ -180,7 +177,32 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
       std::copy_n(host.ptr<float>() + static_cast<int64_t>(sampling[i]) * vocab, vocab,
                   result.logits.ptr<float>() + static_cast<int64_t>(i) * vocab);
   }
+  apply_grammars(plan, sampling, logits);
+  std::vector<int32_t> next;
+  ops.sample(logits, params, history, steps, next);
+  for (size_t r : sampling) result.ids.push_back(next[r]);
   return result;
+}
+
+void ModelRunner::apply_grammars(const StepPlan& plan, const std::vector<size_t>& sampling, Tensor& logits) {
+  std::vector<int32_t> rows;
+  for (size_t r : sampling)
+    if (plan.chunks[r].sequence->constraint) rows.push_back(static_cast<int32_t>(r));
+  if (rows.empty()) return;
+  const int64_t V = logits.dim(1), words = (V + 31) / 32, R = static_cast<int64_t>(rows.size());
+  Tensor allowed = host_tensor(DType::u32, {R, words});
+  for (int64_t i = 0; i < R; ++i) {
+    // The mask covers the tokenizer's ids; logits columns past them (none, after text_logits) stay out.
+    const grammar::TokenBits& mask = plan.chunks[rows[i]].sequence->constraint->mask();
+    uint32_t* dst = allowed.ptr<uint32_t>() + i * words;
+    const int64_t n = std::min<int64_t>(words, static_cast<int64_t>(mask.size()));
+    std::copy_n(mask.begin(), n, dst);
+    std::fill(dst + n, dst + words, 0u);
+  }
+  Tensor row_ids = host_tensor(DType::i32, {R});
+  std::copy(rows.begin(), rows.end(), row_ids.ptr<int32_t>());
+  Ops& ops = model_.ops();
+  ops.mask_logits(logits, to_backend(ops, row_ids), to_backend(ops, allowed));
 }
 
 ModelRunner::Result ModelRunner::prompt_rows(const StepPlan& plan, Tensor rows) const {

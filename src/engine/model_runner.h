@@ -68,6 +68,8 @@ class ModelRunner {
 
  private:
   Result run_step(const StepPlan& plan, bool logprobs, bool all_rows);
+  // Each constrained sampling row's grammar mask applied to its logits (Ops::mask_logits).
+  void apply_grammars(const StepPlan& plan, const std::vector<size_t>& sampling, Tensor& logits);
   // The all_rows result: `rows` as they came, each sampling chunk's greedy pick from its last row.
   Result prompt_rows(const StepPlan& plan, Tensor rows) const;
 

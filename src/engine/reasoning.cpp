@@ -22,6 +22,11 @@ bool prompt_opens_reasoning(std::string_view prompt) {
   return close == std::string_view::npos || close < open;
 }
 
+bool prompt_closes_reasoning(std::string_view prompt) {
+  const size_t end = prompt.find_last_not_of(" \t\r\n");
+  return end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(kClose);
+}
+
 ReasoningSplitter::Pieces ReasoningSplitter::push(std::string_view text) {
   pending_ += text;
   Pieces out;

@@ -11,6 +11,9 @@ namespace qinfer::engine {
 
 // True when a rendered prompt leaves a <think> block open (Qwen3.5's generation prompt).
 bool prompt_opens_reasoning(std::string_view prompt);
+// True when a rendered prompt ends with a closed <think> block (enable_thinking false): the model
+// answers at once.
+bool prompt_closes_reasoning(std::string_view prompt);
 
 class ReasoningSplitter {
  public:

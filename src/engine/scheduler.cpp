@@ -241,6 +241,8 @@ void Scheduler::fork(Sequence& parent) {
     s->sampling.seed += static_cast<uint64_t>(c);
     s->limits = parent.limits;
     s->status = Sequence::Status::running;
+    // Forks happen before the parent generates: each choice starts the grammar afresh.
+    if (parent.constraint) s->constraint = std::make_unique<grammar::TokenConstraint>(parent.constraint->masks());
     if (parent.fork_at > 0) {
       // Whole blocks only: the tail after fork_at goes to each choice's own new block.
       s->cache = blocks_.fork(parent.cache, parent.fork_at);
@@ -282,7 +284,11 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     const SequenceLimits& limits = *s.limits;
     t.stop_id = std::find(limits.stop_ids.begin(), limits.stop_ids.end(), token) != limits.stop_ids.end();
     if (!t.stop_id) s.tokens.push_back(token);
+    // The mask allowed only what the grammar takes: a refusal here is a broken mask, not the model's.
+    const bool constrained_ok = !s.constraint || s.constraint->accept(token);
     if (t.stop_id) t.finish_reason = "stop";
+    else if (!constrained_ok) t.finish_reason = "error", t.error = "the sampled token does not continue the grammar";
+    else if (s.constraint && s.constraint->must_stop()) t.finish_reason = "stop";  // complete: nothing may follow
     else if (s.generated() >= limits.max_tokens || static_cast<int64_t>(s.tokens.size()) >= limits.max_context)
       t.finish_reason = "length";
     if (!t.finish_reason.empty()) {

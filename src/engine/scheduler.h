@@ -84,7 +84,9 @@ struct SampledToken {
   int32_t token = 0;
   int32_t row = 0;               // the sampling row it came from (the plan's sampled chunks in order)
   bool stop_id = false;          // a stop id: not part of the output
-  std::string finish_reason;     // empty while the choice goes on; "stop" (stop id) or "length"
+  std::string finish_reason;     // empty while the choice goes on; "stop" (stop id, complete grammar),
+                                 // "length", or "error" (error says why)
+  std::string error;
   int32_t cached_prompt_tokens = 0;
 };
 

@@ -2,10 +2,12 @@
 // One choice of one request as the engine tracks it: its tokens (prompt + generated), where its
 // cache stands, how it samples, and whether it waits, runs or has finished.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/sampling.h"
 #include "cache/cache.h"
+#include "grammar/mask.h"
 
 namespace qinfer::engine {
 
@@ -41,6 +43,9 @@ struct Sequence {
   int32_t rolling = -1;
   int64_t rolling_blocks = 0;
   Status status = Status::waiting;
+  // Constrained decoding: the grammar state of this choice's output (null: unconstrained). Its
+  // mask is applied to the choice's logits before sampling; the sampled token advances it.
+  std::unique_ptr<grammar::TokenConstraint> constraint;
 
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_tokens; }
   // Tokens the model has yet to read: 1 while decoding, more while prefilling.

@@ -115,6 +115,7 @@ class TokenConstraint {
   // The grammar is complete and nothing else may follow: the sequence should stop.
   bool must_stop() const { return matcher_.accepting() && !matcher_.can_continue(); }
   const Matcher& matcher() const { return matcher_; }
+  const std::shared_ptr<GrammarMasks>& masks() const { return masks_; }
 
  private:
   static constexpr size_t kMemoEntries = 64;

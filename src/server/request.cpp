@@ -93,17 +93,100 @@ constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 void refuse_unsupported(const json& body) {
   if (const json* v = get(body, "logit_bias"); v && !(v->is_object() && v->empty()))
     bad_request("logit_bias", "logit_bias is not supported by this server");
-  if (const json* v = get(body, "response_format")) {
-    object(*v, "response_format");
-    const json* type = get(*v, "type");
-    if (!type || !type->is_string() || *type != "text")
-      bad_request("response_format",
-                  "response_format: {} is not supported by this server (only {{\"type\": \"text\"}})",
-                  type ? dump(*type) : "a format without a type");
-  }
+  for (const char* key : {"guided_decoding_backend", "guided_whitespace_pattern"})
+    if (get(body, key))
+      bad_request(key, "{}: not supported (this server has one grammar engine, and JSON whitespace is bounded)", key);
   if (get(body, "functions") || get(body, "function_call"))
     bad_request(get(body, "functions") ? "functions" : "function_call",
                 "functions / function_call are deprecated and not supported; use tools and tool_choice");
+}
+
+// A JSON Schema sent as an object, or (vLLM's guided_json) as a string holding one.
+json schema_value(const json& v, const std::string& path) {
+  if (v.is_object() || v.is_boolean()) return v;
+  if (v.is_string()) {
+    try {
+      return json::parse(v.get_ref<const std::string&>());
+    } catch (const json::parse_error& e) {
+      bad_request(path, "{}: the string is not JSON: {}", path, e.what());
+    }
+  }
+  bad_request(path, "{}: expected a JSON Schema (an object), got {}", path, type_name(v));
+}
+
+std::vector<std::string> choice_list(const json& v, const std::string& path) {
+  if (!v.is_array() || v.empty()) bad_request(path, "{}: expected a non-empty array of strings", path);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    out.push_back(string(v[i], fmt::format("{}[{}]", path, i)));
+    if (out.back().empty()) bad_request(path, "{}[{}]: a choice must not be empty", path, i);
+  }
+  return out;
+}
+
+// Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_*
+// fields. One source per request; a second is refused rather than one of them silently dropped.
+void parse_constraint(const json& body, GenerationRequest& r) {
+  using Kind = grammar::ConstraintSpec::Kind;
+  grammar::ConstraintSpec& c = r.constraint;
+  const auto take = [&](const std::string& field, Kind kind) {
+    if (c.kind != Kind::none)
+      bad_request(field, "{}: only one structured-output constraint per request ({} is already given)", field,
+                  r.constraint_field);
+    c.kind = kind;
+    r.constraint_field = field;
+  };
+  if (const json* v = get(body, "response_format")) {
+    object(*v, "response_format");
+    const json* type = get(*v, "type");
+    const std::string t = type ? string(*type, "response_format.type") : "";
+    if (t == "json_object") {
+      take("response_format", Kind::json_object);
+    } else if (t == "json_schema") {
+      const json* spec = get(*v, "json_schema");
+      if (!spec) bad_request("response_format.json_schema", "response_format.json_schema: required for type json_schema");
+      object(*spec, "response_format.json_schema");
+      const json* schema = get(*spec, "schema");
+      if (!schema) bad_request("response_format.json_schema.schema", "response_format.json_schema.schema: required");
+      take("response_format.json_schema.schema", Kind::json_schema);
+      c.schema = schema_value(*schema, "response_format.json_schema.schema");
+      if (const json* strict = get(*spec, "strict")) c.strict = boolean(*strict, "response_format.json_schema.strict");
+    } else if (t != "text") {
+      bad_request("response_format.type", "response_format.type: expected \"text\", \"json_object\" or \"json_schema\", got {}",
+                  type ? dump(*type) : "nothing");
+    }
+  }
+  const auto from = [&](const json& source, const std::string& prefix, const char* json_key, const char* regex_key,
+                        const char* choice_key, const char* grammar_key) {
+    if (const json* v = get(source, json_key)) {
+      take(prefix + json_key, Kind::json_schema);
+      c.schema = schema_value(*v, prefix + json_key);
+    }
+    if (const json* v = get(source, regex_key)) {
+      take(prefix + regex_key, Kind::regex);
+      c.text = string(*v, prefix + regex_key);
+    }
+    if (const json* v = get(source, choice_key)) {
+      take(prefix + choice_key, Kind::choice);
+      c.choices = choice_list(*v, prefix + choice_key);
+    }
+    if (const json* v = get(source, grammar_key)) {
+      take(prefix + grammar_key, Kind::grammar);
+      c.text = string(*v, prefix + grammar_key);
+    }
+  };
+  from(body, "", "guided_json", "guided_regex", "guided_choice", "guided_grammar");
+  if (const json* v = get(body, "structured_outputs")) {
+    object(*v, "structured_outputs");
+    for (const auto& [key, value] : v->items())
+      if (key != "json" && key != "regex" && key != "choice" && key != "grammar" && key != "json_object" &&
+          !value.is_null())
+        bad_request("structured_outputs." + key, "structured_outputs.{}: not supported (json, regex, choice, grammar "
+                    "and json_object are)", key);
+    from(*v, "structured_outputs.", "json", "regex", "choice", "grammar");
+    if (const json* j = get(*v, "json_object"); j && boolean(*j, "structured_outputs.json_object"))
+      take("structured_outputs.json_object", Kind::json_object);
+  }
 }
 
 void parse_common(const json& body, const SamplingParams& defaults, const RequestLimits& limits, GenerationRequest& r) {
@@ -159,6 +242,7 @@ void parse_common(const json& body, const SamplingParams& defaults, const Reques
   if (const json* v = get(body, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");
   if (const json* v = get(body, "return_token_ids")) r.return_token_ids = boolean(*v, "return_token_ids");
   refuse_unsupported(body);
+  parse_constraint(body, r);
 }
 
 // The text of a message's content: a string, or text parts joined by newlines (what vLLM sends a

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/sampling.h"
+#include "grammar/constraint.h"
 #include "server/api_error.h"
 
 namespace qinfer::server {
@@ -36,6 +37,10 @@ struct GenerationRequest {
   // vLLM's extension: the response carries the prompt's token ids and each choice's generated ids
   // (a final stop id left out), streamed chunk by chunk as well.
   bool return_token_ids = false;
+  // Structured outputs (response_format, structured_outputs, guided_*): kind none when free, and the
+  // field the constraint came from (for errors about it).
+  grammar::ConstraintSpec constraint;
+  std::string constraint_field;
 };
 
 enum class ToolChoice { none, automatic, required, named };

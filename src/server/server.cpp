@@ -101,7 +101,14 @@ struct Server::Impl {
   std::shared_ptr<Session> completion_session(const json& body);
   void check_model(const std::string& requested) const;
   engine::RequestParams params_for(const GenerationRequest& r, std::vector<int32_t> prompt,
-                                   const std::string& prompt_field) const;
+                                   const std::string& prompt_field,
+                                   grammar::Reasoning reasoning = grammar::Reasoning::none) const;
+  // The compiled constraint of r (400 naming its field when it does not compile).
+  std::shared_ptr<grammar::GrammarMasks> constraint_for(const GenerationRequest& r, grammar::Reasoning reasoning,
+                                                        const std::vector<int32_t>& stop_ids) const;
+  // Built on the first constrained request: the vocabulary trie takes a moment for 150k tokens.
+  mutable std::once_flag constraints_once;
+  mutable std::unique_ptr<grammar::ConstraintCache> constraints;
   json health() const;
   void stop();
 };
@@ -418,7 +425,7 @@ void Server::Impl::check_model(const std::string& requested) const {
 }
 
 engine::RequestParams Server::Impl::params_for(const GenerationRequest& r, std::vector<int32_t> prompt,
-                                               const std::string& prompt_field) const {
+                                               const std::string& prompt_field, grammar::Reasoning reasoning) const {
   const int64_t p = static_cast<int64_t>(prompt.size());
   if (p == 0) bad_request(prompt_field, "{}: the prompt is empty", prompt_field);
   if (p >= model.max_context)
@@ -443,7 +450,22 @@ engine::RequestParams Server::Impl::params_for(const GenerationRequest& r, std::
   params.stop = r.stop;
   if (!r.ignore_eos) params.stop_ids = model.stop_ids;
   params.top_logprobs = r.top_logprobs;
+  if (r.constraint.kind != grammar::ConstraintSpec::Kind::none)
+    params.constraint = constraint_for(r, reasoning, params.stop_ids);
   return params;
+}
+
+std::shared_ptr<grammar::GrammarMasks> Server::Impl::constraint_for(const GenerationRequest& r,
+                                                                    grammar::Reasoning reasoning,
+                                                                    const std::vector<int32_t>& stop_ids) const {
+  std::call_once(constraints_once, [&] {
+    constraints = std::make_unique<grammar::ConstraintCache>(grammar::TokenTrie::from_tokenizer(*model.tokenizer));
+  });
+  try {
+    return constraints->get(r.constraint, reasoning, stop_ids);
+  } catch (const qinfer::Error& e) {
+    bad_request(r.constraint_field, "{}: {}", r.constraint_field, e.what());
+  }
 }
 
 std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& body) {
@@ -465,6 +487,9 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& bo
     output.tool_format = tool_format;
     output.tools = r.tools;
   }
+  if (r.constraint.kind != grammar::ConstraintSpec::Kind::none && r.tool_choice != ToolChoice::none)
+    bad_request(r.constraint_field, "{}: a structured output cannot be combined with tools (tool_choice \"none\" or no "
+                "tools)", r.constraint_field);
   if (r.tool_choice == ToolChoice::required || r.tool_choice == ToolChoice::named) {
     // No grammar engine: the prompt itself opens the call (and closes an open reasoning block first).
     if (split_reasoning && engine::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
@@ -475,7 +500,14 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& bo
   auto session = std::make_shared<Session>(*this, Endpoint::chat, r, 1);
   session->use_chat_output(output);
   std::vector<engine::RequestParams> params;
-  params.push_back(params_for(r, model.tokenizer->encode(prompt, /*add_special_tokens=*/false), "messages"));
+  // Where the answer a constraint covers starts: after the reasoning the prompt opened, at once when
+  // the prompt closed it (enable_thinking false), else after a reasoning block the model may write.
+  const grammar::Reasoning reasoning = !split_reasoning                         ? grammar::Reasoning::none
+                                       : engine::prompt_opens_reasoning(prompt)  ? grammar::Reasoning::open
+                                       : engine::prompt_closes_reasoning(prompt) ? grammar::Reasoning::none
+                                                                                 : grammar::Reasoning::optional_block;
+  params.push_back(
+      params_for(r, model.tokenizer->encode(prompt, /*add_special_tokens=*/false), "messages", reasoning));
   session->submit(std::move(params));
   return session;
 }

@@ -169,6 +169,12 @@ TEST(LiveServer, OpenAIClientOnQwen35HybridWithXmlTools) {
   expect_all_free(s);
 }
 
+TEST(LiveServer, StructuredOutputsFollowTheirGrammars) {
+  LiveServer s(false, "qwen3.jinja");
+  run_node("structured_outputs.mjs", s.port());
+  expect_all_free(s);
+}
+
 TEST(LiveServer, SixtyFourStreamsWithAThirdAbortedFreeEverything) {
   LiveServer s(true, "qwen35_features.jinja");
   run_node("concurrency.mjs", s.port());

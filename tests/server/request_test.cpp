@@ -135,10 +135,46 @@ TEST(ChatRequest, ErrorsNameTheField) {
   EXPECT_BAD(chat("{" + ok + R"(, "logprobs": true, "top_logprobs": 21})"), "top_logprobs", "between 0 and 20");
   EXPECT_BAD(chat("{" + ok + R"(, "stream_options": {"include_usage": true}})"), "stream_options", "stream is true");
   EXPECT_BAD(chat("{" + ok + R"(, "logit_bias": {"5": 1}})"), "logit_bias", "not supported");
-  EXPECT_BAD(chat("{" + ok + R"(, "response_format": {"type": "json_schema"}})"), "response_format", "not supported");
+  EXPECT_BAD(chat("{" + ok + R"(, "response_format": {"type": "json_schema"}})"), "response_format.json_schema",
+             "required");
+  EXPECT_BAD(chat("{" + ok + R"(, "response_format": {"type": "xml"}})"), "response_format.type", "\"xml\"");
+  EXPECT_BAD(chat("{" + ok + R"(, "guided_json": "{not json"})"), "guided_json", "not JSON");
+  EXPECT_BAD(chat("{" + ok + R"(, "guided_choice": []})"), "guided_choice", "non-empty array");
+  EXPECT_BAD(chat("{" + ok + R"(, "guided_choice": ["a", ""]})"), "guided_choice", "must not be empty");
+  EXPECT_BAD(chat("{" + ok + R"(, "structured_outputs": {"structural_tag": {}}})"),
+             "structured_outputs.structural_tag", "not supported");
+  EXPECT_BAD(chat("{" + ok + R"(, "response_format": {"type": "json_object"}, "guided_regex": "a"})"), "guided_regex",
+             "only one");
   EXPECT_BAD(chat("{" + ok + R"(, "model": 3})"), "model", "expected a string");
   EXPECT_BAD(chat("{" + ok + R"(, "chat_template_kwargs": []})"), "chat_template_kwargs", "expected an object");
   EXPECT_BAD(chat("{" + ok + R"(, "stream": "yes"})"), "stream", "expected true or false");
+}
+
+TEST(ChatRequest, StructuredOutputSources) {
+  const std::string ok = R"("messages": [{"role": "user", "content": "a"}])";
+  using Kind = grammar::ConstraintSpec::Kind;
+  const auto chat = [](const std::string& body) { return parse_chat_request(json::parse(body), SamplingParams{}); };
+  EXPECT_EQ(chat("{" + ok + "}").constraint.kind, Kind::none);
+  EXPECT_EQ(chat("{" + ok + R"(, "response_format": {"type": "text"}})").constraint.kind, Kind::none);
+  EXPECT_EQ(chat("{" + ok + R"(, "response_format": {"type": "json_object"}})").constraint.kind, Kind::json_object);
+  const ChatRequest schema = chat("{" + ok +
+                                  R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true,
+                                     "schema": {"type": "object", "properties": {"b": {}, "a": {}}}}}})");
+  EXPECT_EQ(schema.constraint.kind, Kind::json_schema);
+  EXPECT_TRUE(schema.constraint.strict);
+  EXPECT_EQ(schema.constraint_field, "response_format.json_schema.schema");
+  EXPECT_EQ(schema.constraint.schema["properties"].begin().key(), "b");  // the client's property order
+  const ChatRequest guided = chat("{" + ok + R"(, "guided_json": "{\"type\": \"integer\"}"})");
+  EXPECT_EQ(guided.constraint.kind, Kind::json_schema);
+  EXPECT_EQ(guided.constraint.schema["type"], "integer");
+  const ChatRequest regex = chat("{" + ok + R"(, "structured_outputs": {"regex": "[a-z]+"}})");
+  EXPECT_EQ(regex.constraint.kind, Kind::regex);
+  EXPECT_EQ(regex.constraint.text, "[a-z]+");
+  EXPECT_EQ(regex.constraint_field, "structured_outputs.regex");
+  const ChatRequest choice = chat("{" + ok + R"(, "guided_choice": ["x", "y"]})");
+  EXPECT_EQ(choice.constraint.choices, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(chat("{" + ok + R"(, "guided_grammar": "root ::= \"a\""})").constraint.kind, Kind::grammar);
+  EXPECT_EQ(chat("{" + ok + R"(, "structured_outputs": {"json_object": true}})").constraint.kind, Kind::json_object);
 }
 
 TEST(ChatRequest, ToolsAndToolChoice) {
