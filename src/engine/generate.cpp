@@ -60,6 +60,7 @@ GenerationResult generate(models::Runner& model, const tokenizer::Tokenizer& tok
   p.max_tokens = options.max_tokens;
   p.stop = options.stop;
   p.stop_ids = options.stop_ids;
+  p.constraint = options.constraint;
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt.size());
   std::mutex mu;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/sampling.h"
+#include "grammar/mask.h"
 #include "models/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,6 +21,7 @@ struct GenerationOptions {
   std::vector<std::string> stop;   // stop strings (not included in the output)
   std::vector<int32_t> stop_ids;   // end-of-turn / end-of-text ids (not included)
   const std::atomic<bool>* cancel = nullptr;  // set from a signal handler to end the answer early
+  std::shared_ptr<grammar::GrammarMasks> constraint;  // the output follows this grammar (null: free)
 };
 
 struct GenerationResult {

@@ -88,7 +88,7 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<
 }  // namespace
 
 int32_t Grammar::add_rule(std::string name) {
-  names_.push_back(name);
+  names_.insert(name);
   rules_.push_back(Rule{std::move(name), {}});
   return static_cast<int32_t>(rules_.size() - 1);
 }
@@ -194,11 +194,12 @@ Element Grammar::repeat(std::string name, Sequence item, int64_t min, int64_t ma
   return choice(std::move(name), {std::move(body)});
 }
 
+// A counter per base keeps this constant time: a bounded repetition asks for one name per copy.
 std::string Grammar::unique_name(std::string_view base) {
   std::string name(base);
-  for (int n = 1; std::find(names_.begin(), names_.end(), name) != names_.end(); ++n)
-    name = std::string(base) + "-" + std::to_string(n);
-  names_.push_back(name);
+  int& n = next_suffix_[name];
+  while (names_.count(name)) name = std::string(base) + "-" + std::to_string(++n);
+  names_.insert(name);
   return name;
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -84,7 +86,8 @@ class Grammar {
  private:
   std::vector<Rule> rules_;
   std::vector<ByteSet> byte_sets_;
-  std::vector<std::string> names_;  // every name given, for unique_name
+  std::unordered_set<std::string> names_;            // every name given, for unique_name
+  std::unordered_map<std::string, int> next_suffix_;  // per base: the next suffix to try
   int32_t root_ = -1;
 };
 

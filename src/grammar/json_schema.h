@@ -25,7 +25,8 @@
 //   control characters), so that the pattern sees the characters the string holds;
 // - keys of additional properties are written without escapes when properties are declared, so
 //   that none of them repeats a declared name;
-// - keys are written once each, in the schema's order (JSON allows any order, and repeats);
+// - declared properties are written once each, in the schema's order, additional ones after them
+//   (two additional properties may still share a key: a grammar cannot remember the keys written);
 // - a schema without "type" yields the kinds its keywords constrain ({"minLength": 2}: a string),
 //   not the values of other kinds that would satisfy it vacuously;
 // - oneOf is generated as anyOf: its alternatives should not overlap (a discriminated union);
@@ -62,7 +63,7 @@ Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSche
 // The same, with properties in nlohmann::json's (alphabetical) key order.
 Grammar json_schema_grammar(const io::json& schema, const JsonSchemaOptions& options = {});
 
-// JSON mode: any JSON object.
+// JSON mode: any JSON object (options.strict does not apply: it would leave only {}).
 Grammar json_object_grammar(const JsonSchemaOptions& options = {});
 
 }  // namespace qinfer::grammar

@@ -1,6 +1,7 @@
 // `qinfer run` and `qinfer chat` on a tiny random-weight Qwen3 with the real Qwen3 tokenizer and chat
 // template: text comes out, sampling is reproducible, bad input is a clear error, and chat is driven
 // through a pseudo-terminal like a person at a keyboard (including Ctrl-C during an answer).
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -10,6 +11,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <regex>
 #include <thread>
 
 #include "models/random_checkpoint.h"
@@ -70,6 +73,46 @@ TEST(Run, GreedyRawAndStopStrings) {
     EXPECT_EQ(stopped.out, "\n");
     EXPECT_THAT(stopped.err, HasSubstr("finish: stop"));
   }
+}
+
+// A random tiny model writes whatever the constraint allows: the output is checked, not the model.
+TEST(Run, StructuredOutputFlags) {
+  TempDir files;
+  const fs::path schema = files / "schema.json", gbnf = files / "list.gbnf";
+  std::ofstream(schema) << R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9},
+    "tag": {"enum": ["x", "yy"]}}, "required": ["n", "tag"], "additionalProperties": false})";
+  std::ofstream(gbnf) << "root ::= \"[\" [0-9] (\",\" [0-9]){0,2} \"]\"\n";
+  for (int seed : {1, 2}) {
+    const std::string flags = fmt::format(" -n 60 --temp 1 --seed {} --no-thinking", seed);
+    CommandResult r = run_command(run("-p 'a' --json-schema '" + schema.string() + "'" + flags));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("finish: stop"));
+    const io::json v = io::json::parse(r.out);
+    EXPECT_EQ(v.size(), 2u) << r.out;
+    EXPECT_GE(v.at("n").get<int>(), 1);
+    EXPECT_LE(v.at("n").get<int>(), 9);
+    EXPECT_TRUE(v.at("tag") == "x" || v.at("tag") == "yy") << r.out;
+  }
+  const std::string flags = " -n 60 --temp 1 --seed 1 --no-thinking";
+  CommandResult r;
+  r = run_command(run("-p 'a' --grammar '" + gbnf.string() + "'" + flags));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_match(r.out, std::regex(R"(\[[0-9](,[0-9]){0,2}\]\n)"))) << r.out;
+  r = run_command(run("-p 'a' --regex '(yes|no)!'" + flags));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(r.out == "yes!\n" || r.out == "no!\n") << r.out;
+  r = run_command(run("-p 'a' --json" + flags));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out[0], '{') << r.out;
+  CommandResult bad = run_command(run("-p a --json-schema '" + gbnf.string() + "'"));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("--json-schema " + gbnf.string() + ": not JSON"));
+  bad = run_command(run("-p a --regex '(?=a)'"));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("--regex: regex"));
+  bad = run_command(run("-p a --regex a --json"));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.err, HasSubstr("excludes"));
 }
 
 TEST(Run, BadInputIsAClearError) {
