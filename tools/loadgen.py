@@ -179,6 +179,7 @@ async def one(client, model, args):
             "stream_options": {"include_usage": True}}
     if args.ignore_eos == "true":
         body["ignore_eos"] = True  # vLLM's extension field: every request generates max_tokens
+    body.update(args.extra_body)  # e.g. a structured-output constraint
     if args.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": f"Continue this list: {words}"}]
     else:
@@ -318,6 +319,8 @@ def parse_args():
     p.add_argument("--ignore-eos", choices=["true", "false"], default="true",
                    help="send ignore_eos so every request generates max_tokens (default %(default)s)")
     p.add_argument("--json", action="store_true", help="one JSON object per level instead of the table")
+    p.add_argument("--extra-body", type=json.loads, default={},
+                   help='JSON object merged into every request body, e.g. \'{"guided_grammar": "root ::= [a-z ]+"}\'')
     args = p.parse_args()
     if args.requests is not None and args.requests <= 0:
         p.error("--requests: expected a positive integer")

@@ -43,6 +43,7 @@ ReasoningSplitter::Pieces ReasoningSplitter::push(std::string_view text) {
         append_trimmed(out.reasoning, std::string_view(pending_).substr(0, close));
         pending_.erase(0, close + kClose.size());
         inside_ = false;
+        past_start_ = leading_only_;
         newlines_after_close_ = 2;
         continue;
       }
@@ -66,6 +67,21 @@ ReasoningSplitter::Pieces ReasoningSplitter::push(std::string_view text) {
         continue;
       }
       newlines_after_close_ = 0;
+    }
+    if (past_start_) {
+      out.content += pending_;
+      pending_.clear();
+      break;
+    }
+    if (leading_only_) {
+      // The block must open the output (after blank lines): anything else starts the content.
+      const size_t first = pending_.find_first_not_of("\n ");
+      if (first == std::string::npos) break;  // only blanks so far: wait
+      if (!std::string_view(pending_).substr(first).starts_with(kOpen)) {
+        if (!kOpen.starts_with(std::string_view(pending_).substr(first))) past_start_ = true;
+        else break;  // a prefix of "<think>": wait for more
+        continue;
+      }
     }
     const size_t open = pending_.find(kOpen);
     if (open != std::string::npos) {

@@ -24,8 +24,10 @@ class ReasoningSplitter {
   // `inside`: the prompt opened the block. `tool_call_ends_reasoning`: "<tool_call>" inside the
   // block ends it (models sometimes call a tool without closing their reasoning); the tag stays in
   // the content so the tool-call parser sees it.
-  explicit ReasoningSplitter(bool inside, bool tool_call_ends_reasoning = false)
-      : inside_(inside), tool_call_ends_(tool_call_ends_reasoning) {}
+  // `leading_only`: only a block at the start is reasoning; once content or a closed block has come,
+  // "<think>" is text (a constrained answer may hold it inside a JSON string).
+  explicit ReasoningSplitter(bool inside, bool tool_call_ends_reasoning = false, bool leading_only = false)
+      : inside_(inside), tool_call_ends_(tool_call_ends_reasoning), leading_only_(leading_only) {}
 
   Pieces push(std::string_view text);
   // The rest at the end of the output (an unclosed block stays reasoning).
@@ -34,6 +36,8 @@ class ReasoningSplitter {
  private:
   bool inside_;
   bool tool_call_ends_;
+  bool leading_only_;
+  bool past_start_ = false;  // with leading_only: content or a closed block came; no more blocks
   bool drop_newline_ = false;     // one "\n" right after <think>
   int newlines_after_close_ = 0;  // up to two "\n" right after </think>
   std::string pending_;

@@ -5,7 +5,8 @@ namespace qinfer::server {
 ChatOutputParser::ChatOutputParser(const ChatOutputOptions& options)
     : tools_(make_tool_call_parser(options.tool_format, options.tools)) {
   if (options.split_reasoning)
-    reasoning_.emplace(options.reasoning_open, /*tool_call_ends_reasoning=*/tools_ != nullptr);
+    reasoning_.emplace(options.reasoning_open, /*tool_call_ends_reasoning=*/tools_ != nullptr,
+                       options.reasoning_leading_only);
   if (tools_ && !options.prefill.empty()) add_content(prefilled_, tools_->push(options.prefill));
 }
 

@@ -21,6 +21,7 @@ struct ChatDelta {
 struct ChatOutputOptions {
   bool split_reasoning = false;                       // the template knows <think> blocks
   bool reasoning_open = false;                        // the prompt left one open
+  bool reasoning_leading_only = false;                // only a block at the start (ReasoningSplitter)
   ToolCallFormat tool_format = ToolCallFormat::none;  // none: tool calls are not parsed
   json tools = json::array();
   std::string prefill;  // tool-call text the prompt already ends with (tool_choice)

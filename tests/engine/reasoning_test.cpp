@@ -8,8 +8,8 @@ namespace qinfer::engine {
 namespace {
 
 std::pair<std::string, std::string> split(bool inside, const std::vector<std::string>& chunks,
-                                          bool tool_calls = false) {
-  ReasoningSplitter s(inside, tool_calls);
+                                          bool tool_calls = false, bool leading_only = false) {
+  ReasoningSplitter s(inside, tool_calls, leading_only);
   std::string reasoning, content;
   for (const std::string& c : chunks) {
     auto p = s.push(c);
@@ -21,14 +21,15 @@ std::pair<std::string, std::string> split(bool inside, const std::vector<std::st
 }
 
 void expect_every_split(bool inside, const std::string& text, const std::string& reasoning, const std::string& content,
-                        bool tool_calls = false) {
+                        bool tool_calls = false, bool leading_only = false) {
   const std::pair<std::string, std::string> expected = {reasoning, content};
-  EXPECT_EQ(split(inside, {text}, tool_calls), expected);
+  EXPECT_EQ(split(inside, {text}, tool_calls, leading_only), expected);
   for (size_t cut = 0; cut <= text.size(); ++cut)
-    ASSERT_EQ(split(inside, {text.substr(0, cut), text.substr(cut)}, tool_calls), expected) << "split at " << cut;
+    ASSERT_EQ(split(inside, {text.substr(0, cut), text.substr(cut)}, tool_calls, leading_only), expected)
+        << "split at " << cut;
   std::vector<std::string> bytes;
   for (char c : text) bytes.emplace_back(1, c);
-  EXPECT_EQ(split(inside, bytes, tool_calls), expected);
+  EXPECT_EQ(split(inside, bytes, tool_calls, leading_only), expected);
 }
 
 TEST(ReasoningSplitter, Qwen3WritesTheWholeBlock) {
@@ -40,6 +41,16 @@ TEST(ReasoningSplitter, Qwen35PromptOpenedTheBlock) {
   expect_every_split(true, "I should greet.\n</think>\n\nHello!", "I should greet.", "Hello!");
   // Thinking disabled in the template: the prompt closed an empty block, all output is content.
   expect_every_split(false, "Hello!\n\nBye", "", "Hello!\n\nBye");
+}
+
+// Constrained answers: only a leading block is reasoning; "<think>" later is the answer's text.
+TEST(ReasoningSplitter, LeadingOnlyKeepsLaterTagsAsContent) {
+  expect_every_split(false, "<think>\nhmm\n</think>\n\n{\"s\": \"a<think>b\"}", "hmm", "{\"s\": \"a<think>b\"}", false,
+                     true);
+  expect_every_split(false, "{\"s\": \"<think>x</think>\"}", "", "{\"s\": \"<think>x</think>\"}", false, true);
+  expect_every_split(true, "plan\n</think>\n\n[\"<think>\"]", "plan", "[\"<think>\"]", false, true);
+  expect_every_split(false, "\n<think>r</think>ok", "r", "\nok", false, true);  // blanks before it are kept
+  expect_every_split(false, "<thin", "", "<thin", false, true);
 }
 
 TEST(ReasoningSplitter, UnclosedBlockStaysReasoning) {

@@ -175,6 +175,18 @@ TEST(LiveServer, StructuredOutputsFollowTheirGrammars) {
   expect_all_free(s);
 }
 
+// The same grammars through the client libraries applications use: the Vercel AI SDK (generateObject,
+// streamObject), LangChain's ChatOpenAI.withStructuredOutput and the openai client's parse helpers.
+TEST(LiveServer, StructuredOutputClientLibraries) {
+  for (const char* package : {"ai", "@ai-sdk/openai", "@ai-sdk/openai-compatible", "zod", "@langchain/core",
+                              "@langchain/openai"})
+    ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / package / "package.json"))
+        << "the " << package << " npm package is missing: run scripts/fetch-test-data.sh";
+  LiveServer s(false, "qwen3.jinja");
+  run_node("structured_clients.mjs", s.port());
+  expect_all_free(s);
+}
+
 TEST(LiveServer, SixtyFourStreamsWithAThirdAbortedFreeEverything) {
   LiveServer s(true, "qwen35_features.jinja");
   run_node("concurrency.mjs", s.port());
