@@ -111,9 +111,22 @@ bool Matcher::advance(uint8_t b) {
   return true;
 }
 
+// One pass over the bytes into scratch, kept only when all of them are taken (the sampled token of a
+// masked step always is: this runs once per generated token).
 bool Matcher::advance(std::string_view bytes) {
-  if (!accepts(bytes)) return false;
-  for (char c : bytes) advance(static_cast<uint8_t>(c));
+  if (bytes.empty()) return true;
+  std::vector<int32_t>& current = advance_scratch_[0];
+  std::vector<int32_t>& next = advance_scratch_[1];
+  current = config_;
+  bool accepting = accepting_, popped = false;
+  for (char c : bytes) {
+    if (current.empty()) return false;
+    step(current, static_cast<uint8_t>(c), next, &accepting, &popped);
+    if (next.empty() && !accepting) return false;
+    current.swap(next);
+  }
+  config_.swap(current);
+  accepting_ = accepting;
   return true;
 }
 

@@ -93,6 +93,7 @@ class Matcher {
   std::vector<uint64_t> seen_list_;
   std::unordered_set<uint64_t> seen_;
   std::vector<int32_t> next_;
+  std::vector<int32_t> advance_scratch_[2];
 };
 
 }  // namespace qinfer::grammar
