@@ -109,32 +109,34 @@ GrammarMasks::Table GrammarMasks::compute(const Context& context) {
   Table table;
   struct Visit {
     int32_t node;
-    std::vector<int32_t> config;
+    int32_t state;  // dfa_state of the configuration after the node's bytes
     bool returned;  // some path returned below the frame on the way here
   };
   std::vector<Visit> stack;
+  if (dfa_next_.size() > kMaxTransitions) {  // a grammar whose walks meet ever new configurations
+    dfa_next_.clear();
+    dfa_ids_.clear();
+    dfa_configs_.clear();
+  }
   {
-    Visit root{0, {}, false};
     int32_t parent = context.back() == kRootMark ? Matcher::kRoot : Matcher::kBottom;
     for (size_t i = context.size() - 2; i >= 1; --i) parent = scratch_.frame(context[i], parent);
     bool accepting = false, popped = false;
-    scratch_.start(context[0], parent, root.config, &accepting, &popped);
-    stack.push_back(std::move(root));
+    std::vector<int32_t> config;
+    scratch_.start(context[0], parent, config, &accepting, &popped);
+    stack.push_back({0, dfa_state(config), false});
   }
-  std::vector<int32_t> next;
   while (!stack.empty()) {
-    Visit v = std::move(stack.back());
+    const Visit v = stack.back();
     stack.pop_back();
     for (int32_t child = v.node + 1; child < nodes[v.node].subtree_end; child = nodes[child].subtree_end) {
-      bool accepting = false, popped = false;
-      if (!v.config.empty()) scratch_.step(v.config, nodes[child].byte, next, &accepting, &popped);
-      else next.clear();
+      const Transition t = v.state >= 0 ? dfa_step(v.state, nodes[child].byte) : Transition{};
       const int32_t here = nodes[child].tokens_begin, here_end = here + nodes[child].tokens_here;
-      const bool returned = v.returned || popped;
-      if (!next.empty() || popped || accepting) accepted.insert(accepted.end(), tokens.begin() + here, tokens.begin() + here_end);
+      const bool returned = v.returned || t.popped;
+      if (t.to >= 0 || t.popped || t.accepting) accepted.insert(accepted.end(), tokens.begin() + here, tokens.begin() + here_end);
       else if (v.returned) table.uncertain.insert(table.uncertain.end(), tokens.begin() + here, tokens.begin() + here_end);
-      if (!next.empty()) {
-        stack.push_back({child, next, returned});
+      if (t.to >= 0) {
+        stack.push_back({child, t.to, returned});
       } else if (returned) {
         // Every path inside the frame has died: what is below needs the real stack.
         table.uncertain.insert(table.uncertain.end(), tokens.begin() + here_end, tokens.begin() + trie_->tokens_end(child));
@@ -148,6 +150,23 @@ GrammarMasks::Table GrammarMasks::compute(const Context& context) {
     table.accepted_ids = std::move(accepted);
   }
   return table;
+}
+
+int32_t GrammarMasks::dfa_state(const std::vector<int32_t>& config) {
+  if (config.empty()) return -1;
+  const auto [it, added] = dfa_ids_.try_emplace(config, static_cast<int32_t>(dfa_configs_.size()));
+  if (added) dfa_configs_.push_back(config);
+  return it->second;
+}
+
+GrammarMasks::Transition GrammarMasks::dfa_step(int32_t state, uint8_t b) {
+  const uint64_t key = (static_cast<uint64_t>(state) << 8) | b;
+  if (auto it = dfa_next_.find(key); it != dfa_next_.end()) return it->second;
+  Transition t;
+  scratch_.step(dfa_configs_[state], b, dfa_scratch_, &t.accepting, &t.popped);
+  t.to = dfa_state(dfa_scratch_);
+  dfa_next_.emplace(key, t);
+  return t;
 }
 
 void GrammarMasks::fill(Matcher& matcher, TokenBits& mask) {

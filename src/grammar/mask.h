@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/matcher.h"
@@ -91,6 +92,16 @@ class GrammarMasks {
   static constexpr int32_t kRootMark = -1, kBottomMark = -2;
   using Context = std::vector<int32_t>;
   Table compute(const Context& context);
+  // The trie walks' automaton, made deterministic as it is walked: configurations of scratch_ by id,
+  // and their byte transitions (a string's content steps from one configuration to itself, so most
+  // steps of a walk are a lookup).
+  struct Transition {
+    int32_t to = -1;  // -1: no frame left
+    bool accepting = false, popped = false;
+  };
+  static constexpr size_t kMaxTransitions = size_t{1} << 22;
+  int32_t dfa_state(const std::vector<int32_t>& config);
+  Transition dfa_step(int32_t state, uint8_t b);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   std::shared_ptr<const TokenTrie> trie_;
@@ -98,6 +109,10 @@ class GrammarMasks {
   std::mutex mutex_;
   Matcher scratch_;  // its frames over kBottom walk the trie for compute()
   std::map<Context, std::unique_ptr<Table>> tables_;
+  std::map<std::vector<int32_t>, int32_t> dfa_ids_;
+  std::vector<std::vector<int32_t>> dfa_configs_;
+  std::unordered_map<uint64_t, Transition> dfa_next_;
+  std::vector<int32_t> dfa_scratch_;
 };
 
 // One sequence's constraint: its matcher, the shared masks, and the masks of configurations it has
