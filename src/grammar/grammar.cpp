@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <functional>
 
+#include "grammar/utf8_text.h"
+
 namespace qinfer::grammar {
 namespace {
 
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+using utf8::kMaxCodePoint;
 constexpr uint32_t kSurrogateLo = 0xD800, kSurrogateHi = 0xDFFF;
 // A bounded repetition becomes one rule per optional copy: past this the grammar would be larger
 // than anything a request should make the server build.
@@ -40,24 +42,11 @@ std::vector<CodePointRange> normalize(std::vector<CodePointRange> ranges) {
     if (lo < kSurrogateLo) clipped.emplace_back(lo, kSurrogateLo - 1);
     if (hi > kSurrogateHi) clipped.emplace_back(kSurrogateHi + 1, hi);
   }
-  std::sort(clipped.begin(), clipped.end());
-  std::vector<CodePointRange> merged;
-  for (const auto& r : clipped) {
-    if (!merged.empty() && r.first <= merged.back().second + 1) merged.back().second = std::max(merged.back().second, r.second);
-    else merged.push_back(r);
-  }
-  return merged;
+  return utf8::normalize(std::move(clipped));
 }
 
 std::vector<CodePointRange> complement(const std::vector<CodePointRange>& ranges) {
-  std::vector<CodePointRange> out;
-  uint32_t next = 0;
-  for (const auto& [lo, hi] : ranges) {
-    if (lo > next) out.emplace_back(next, lo - 1);
-    next = hi + 1;
-  }
-  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
-  return normalize(std::move(out));
+  return normalize(utf8::complement(ranges));
 }
 
 // Splits [lo, hi] (code points of one UTF-8 length) until every byte of the encoding ranges

@@ -111,36 +111,36 @@ bool Matcher::advance(uint8_t b) {
   return true;
 }
 
-// One pass over the bytes into scratch, kept only when all of them are taken (the sampled token of a
-// masked step always is: this runs once per generated token).
-bool Matcher::advance(std::string_view bytes) {
-  if (bytes.empty()) return true;
+// The configuration after all of `bytes` into advance_scratch_[0] (and whether the root may end
+// there); false when some byte is not allowed.
+bool Matcher::run(std::string_view bytes, bool* accepting) {
   std::vector<int32_t>& current = advance_scratch_[0];
   std::vector<int32_t>& next = advance_scratch_[1];
   current = config_;
-  bool accepting = accepting_, popped = false;
+  *accepting = accepting_;
+  bool popped = false;
   for (char c : bytes) {
     if (current.empty()) return false;
-    step(current, static_cast<uint8_t>(c), next, &accepting, &popped);
-    if (next.empty() && !accepting) return false;
+    step(current, static_cast<uint8_t>(c), next, accepting, &popped);
+    if (next.empty() && !*accepting) return false;
     current.swap(next);
   }
-  config_.swap(current);
+  return true;
+}
+
+// One pass, kept only when every byte is taken (the sampled token of a masked step always is: this
+// runs once per generated token).
+bool Matcher::advance(std::string_view bytes) {
+  bool accepting = false;
+  if (!run(bytes, &accepting)) return false;
+  config_.swap(advance_scratch_[0]);
   accepting_ = accepting;
   return true;
 }
 
 bool Matcher::accepts(std::string_view bytes) {
-  if (bytes.empty()) return true;
-  std::vector<int32_t> current = config_, next;
-  bool accepting = accepting_, popped = false;
-  for (char c : bytes) {
-    if (current.empty()) return false;
-    step(current, static_cast<uint8_t>(c), next, &accepting, &popped);
-    if (next.empty() && !accepting) return false;
-    current.swap(next);
-  }
-  return true;
+  bool accepting = false;
+  return run(bytes, &accepting);
 }
 
 ByteSet Matcher::next_bytes() const {

@@ -80,6 +80,7 @@ class Matcher {
 
  private:
   int32_t intern(int32_t pos, int32_t parent);
+  bool run(std::string_view bytes, bool* accepting);
   // Expands the frames in work_ into `to` (sorted, unique).
   void close(std::vector<int32_t>& to, bool* accepting, bool* popped);
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "tokenizer/utf8.h"
 
 namespace qinfer::grammar::utf8 {
 
@@ -17,23 +18,7 @@ constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 inline bool is_surrogate(uint32_t c) { return c >= 0xD800 && c <= 0xDFFF; }
 
 // Appends the UTF-8 encoding of a scalar value (not a surrogate, at most U+10FFFF).
-inline void append(std::string& out, uint32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
+inline void append(std::string& out, uint32_t c) { tokenizer::append_utf8(out, static_cast<char32_t>(c)); }
 
 // Decodes the code point at text[pos] and advances pos past it; -1 (pos unchanged) when the bytes
 // there are not well-formed UTF-8 (truncated, overlong, a surrogate, past U+10FFFF).
