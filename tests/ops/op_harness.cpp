@@ -23,7 +23,7 @@ namespace {
 
 Tensor host_upload(Ops& ops, const Tensor& host) {
   Tensor t = ops.alloc(host.dtype, host.shape);
-  std::memcpy(t.data, host.data, host.nbytes());
+  if (host.nbytes() > 0) std::memcpy(t.data, host.data, host.nbytes());
   return t;
 }
 
@@ -84,13 +84,13 @@ Tensor random_tensor(Rng& rng, DType dtype, std::vector<int64_t> shape, float st
 Tensor i32_tensor(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
   Tensor t = host_tensor(DType::i32, std::move(shape));
   if (static_cast<int64_t>(values.size()) != t.numel()) throw std::invalid_argument("i32_tensor: size mismatch");
-  std::memcpy(t.data, values.data(), values.size() * sizeof(int32_t));
+  if (!values.empty()) std::memcpy(t.data, values.data(), values.size() * sizeof(int32_t));  // no null source
   return t;
 }
 
 Tensor clone(const Tensor& host) {
   Tensor t = host_tensor(host.dtype, host.shape);
-  std::memcpy(t.data, host.data, host.nbytes());
+  if (host.nbytes() > 0) std::memcpy(t.data, host.data, host.nbytes());
   return t;
 }
 
