@@ -8,28 +8,16 @@
 #include <string>
 
 #include "grammar/matcher.h"
+#include "grammar_test_util.h"
 
 namespace qinfer::grammar {
 namespace {
 
-bool matches(const Grammar& g, std::string_view text) {
-  Matcher m(std::make_shared<CompiledGrammar>(g));
-  return m.advance(text) && m.accepting();
-}
+using testing::matches;
 
 // Whether parsing fails with a message holding every part.
-testing::AssertionResult fails_with(std::string_view text, std::initializer_list<std::string_view> parts) {
-  std::string message;
-  try {
-    parse_gbnf(text);
-    return testing::AssertionFailure() << "no error for: " << text;
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  for (std::string_view part : parts)
-    if (message.find(part) == std::string::npos)
-      return testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << part << "\"";
-  return testing::AssertionSuccess();
+::testing::AssertionResult fails_with(std::string_view text, std::initializer_list<std::string_view> parts) {
+  return testing::fails_with([&] { parse_gbnf(text); }, text, parts);
 }
 
 TEST(Gbnf, Arithmetic) {

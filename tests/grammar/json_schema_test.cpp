@@ -12,6 +12,7 @@
 #include <string>
 
 #include "grammar/matcher.h"
+#include "grammar_test_util.h"
 
 namespace qinfer::grammar {
 namespace {
@@ -23,24 +24,21 @@ std::shared_ptr<const CompiledGrammar> compile(const Json& schema, const JsonSch
   return std::make_shared<CompiledGrammar>(json_schema_grammar(schema, options));
 }
 
-bool matches(const std::shared_ptr<const CompiledGrammar>& g, std::string_view text) {
-  Matcher m(g);
-  return m.advance(text) && m.accepting();
-}
+using testing::matches;
 
 // The whole text is accepted, and before its end the matcher accepts only where whitespace is all
 // that is left (a number's prefixes are numbers too, so those are not checked).
-testing::AssertionResult accepts_exactly(const std::shared_ptr<const CompiledGrammar>& g, const std::string& text) {
+::testing::AssertionResult accepts_exactly(const std::shared_ptr<const CompiledGrammar>& g, const std::string& text) {
   Matcher m(g);
   const bool is_number = !text.empty() && (text[0] == '-' || (text[0] >= '0' && text[0] <= '9'));
   for (size_t i = 0; i < text.size(); ++i) {
     if (!is_number && m.accepting() && text.find_first_not_of(" \t\n\r", i) != std::string::npos)
-      return testing::AssertionFailure() << "accepts the prefix '" << text.substr(0, i) << "'";
+      return ::testing::AssertionFailure() << "accepts the prefix '" << text.substr(0, i) << "'";
     if (!m.advance(static_cast<uint8_t>(text[i])))
-      return testing::AssertionFailure() << "refuses byte " << i << " ('" << text.substr(0, i + 1) << "')";
+      return ::testing::AssertionFailure() << "refuses byte " << i << " ('" << text.substr(0, i + 1) << "')";
   }
-  if (!m.accepting()) return testing::AssertionFailure() << "does not accept the whole text";
-  return testing::AssertionSuccess();
+  if (!m.accepting()) return ::testing::AssertionFailure() << "does not accept the whole text";
+  return ::testing::AssertionSuccess();
 }
 
 Json load_corpus() {

@@ -5,14 +5,12 @@
 #include <string>
 
 #include "grammar/grammar.h"
+#include "grammar_test_util.h"
 
 namespace qinfer::grammar {
 namespace {
 
-bool matches(const Grammar& g, std::string_view text) {
-  Matcher m(std::make_shared<CompiledGrammar>(g));
-  return m.advance(text) && m.accepting();
-}
+using testing::matches;
 
 // parens ::= "(" parens ")" parens | ε
 Grammar balanced_parens() {

@@ -2,6 +2,7 @@
 // full through the Matcher, and the constructs a grammar cannot express refused with their offset.
 #include "grammar/regex.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,38 +11,26 @@
 #include <vector>
 
 #include "grammar/matcher.h"
+#include "grammar_test_util.h"
 
 namespace qinfer::grammar {
 namespace {
 
-bool matches(const Grammar& g, std::string_view text) {
-  Matcher m(std::make_shared<CompiledGrammar>(g));
-  return m.advance(text) && m.accepting();
-}
+using testing::matches;
 
 // Checks every string against the pattern: `accepted` must match in full, `rejected` must not.
-testing::AssertionResult language(std::string_view pattern, std::initializer_list<std::string_view> accepted,
+::testing::AssertionResult language(std::string_view pattern, std::initializer_list<std::string_view> accepted,
                                   std::initializer_list<std::string_view> rejected) {
   const Grammar g = regex_grammar(pattern);
   for (std::string_view s : accepted)
-    if (!matches(g, s)) return testing::AssertionFailure() << "/" << pattern << "/ rejects \"" << s << "\"";
+    if (!matches(g, s)) return ::testing::AssertionFailure() << "/" << pattern << "/ rejects \"" << s << "\"";
   for (std::string_view s : rejected)
-    if (matches(g, s)) return testing::AssertionFailure() << "/" << pattern << "/ accepts \"" << s << "\"";
-  return testing::AssertionSuccess();
+    if (matches(g, s)) return ::testing::AssertionFailure() << "/" << pattern << "/ accepts \"" << s << "\"";
+  return ::testing::AssertionSuccess();
 }
 
-testing::AssertionResult fails_with(std::string_view pattern, std::initializer_list<std::string_view> parts) {
-  std::string message;
-  try {
-    regex_grammar(pattern);
-    return testing::AssertionFailure() << "no error for /" << pattern << "/";
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  for (std::string_view part : parts)
-    if (message.find(part) == std::string::npos)
-      return testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << part << "\"";
-  return testing::AssertionSuccess();
+::testing::AssertionResult fails_with(std::string_view pattern, std::initializer_list<std::string_view> parts) {
+  return testing::fails_with([&] { regex_grammar(pattern); }, fmt::format("/{}/", pattern), parts);
 }
 
 TEST(Regex, Dates) {
