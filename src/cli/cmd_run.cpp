@@ -86,10 +86,7 @@ void add_run_command(CLI::App& app) {
     if (spec.kind != grammar::ConstraintSpec::Kind::none) {
       // The answer after any reasoning the template opened or the model writes (as the server does).
       const bool reasons = !o->raw && m->tokenizer.config().chat_template.find("</think>") != std::string::npos;
-      const grammar::Reasoning reasoning = !reasons                                ? grammar::Reasoning::none
-                                           : engine::prompt_opens_reasoning(text)  ? grammar::Reasoning::open
-                                           : engine::prompt_closes_reasoning(text) ? grammar::Reasoning::none
-                                                                                   : grammar::Reasoning::optional_block;
+      const grammar::Reasoning reasoning = engine::answer_start(reasons, text);
       grammar::ConstraintCache cache(grammar::TokenTrie::from_tokenizer(m->tokenizer), 1);
       try {
         options.constraint = cache.get(spec, reasoning, options.stop_ids);

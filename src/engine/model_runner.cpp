@@ -169,6 +169,8 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
   }
   Result result;
   if (sampling.empty()) return result;
+  // Masks are computed on the host while the device may still run the forward; logprobs wait for it.
+  const GrammarRows grammars = grammar_rows(plan, sampling, logits.dim(1));
   if (logprobs) {  // the raw logits, before any grammar's mask
     const Tensor host = to_host(ops, logits);
     const int64_t vocab = host.dim(1);
@@ -177,19 +179,20 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
       std::copy_n(host.ptr<float>() + static_cast<int64_t>(sampling[i]) * vocab, vocab,
                   result.logits.ptr<float>() + static_cast<int64_t>(i) * vocab);
   }
-  apply_grammars(plan, sampling, logits);
+  if (grammars.rows.data) ops.mask_logits(logits, to_backend(ops, grammars.rows), to_backend(ops, grammars.allowed));
   std::vector<int32_t> next;
   ops.sample(logits, params, history, steps, next);
   for (size_t r : sampling) result.ids.push_back(next[r]);
   return result;
 }
 
-void ModelRunner::apply_grammars(const StepPlan& plan, const std::vector<size_t>& sampling, Tensor& logits) {
+ModelRunner::GrammarRows ModelRunner::grammar_rows(const StepPlan& plan, const std::vector<size_t>& sampling,
+                                                   int64_t V) {
   std::vector<int32_t> rows;
   for (size_t r : sampling)
     if (plan.chunks[r].sequence->constraint) rows.push_back(static_cast<int32_t>(r));
-  if (rows.empty()) return;
-  const int64_t V = logits.dim(1), words = (V + 31) / 32, R = static_cast<int64_t>(rows.size());
+  if (rows.empty()) return {};
+  const int64_t words = (V + 31) / 32, R = static_cast<int64_t>(rows.size());
   Tensor allowed = host_tensor(DType::u32, {R, words});
   for (int64_t i = 0; i < R; ++i) {
     // The mask covers the tokenizer's ids; logits columns past them (none, after text_logits) stay out.
@@ -201,8 +204,7 @@ void ModelRunner::apply_grammars(const StepPlan& plan, const std::vector<size_t>
   }
   Tensor row_ids = host_tensor(DType::i32, {R});
   std::copy(rows.begin(), rows.end(), row_ids.ptr<int32_t>());
-  Ops& ops = model_.ops();
-  ops.mask_logits(logits, to_backend(ops, row_ids), to_backend(ops, allowed));
+  return {std::move(row_ids), std::move(allowed)};
 }
 
 ModelRunner::Result ModelRunner::prompt_rows(const StepPlan& plan, Tensor rows) const {

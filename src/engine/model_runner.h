@@ -68,8 +68,12 @@ class ModelRunner {
 
  private:
   Result run_step(const StepPlan& plan, bool logprobs, bool all_rows);
-  // Each constrained sampling row's grammar mask applied to its logits (Ops::mask_logits).
-  void apply_grammars(const StepPlan& plan, const std::vector<size_t>& sampling, Tensor& logits);
+  // Each constrained sampling row's grammar mask, for Ops::mask_logits over V logits columns (host
+  // tensors; none where no row is constrained).
+  struct GrammarRows {
+    Tensor rows, allowed;
+  };
+  static GrammarRows grammar_rows(const StepPlan& plan, const std::vector<size_t>& sampling, int64_t V);
   // The all_rows result: `rows` as they came, each sampling chunk's greedy pick from its last row.
   Result prompt_rows(const StepPlan& plan, Tensor rows) const;
 

@@ -27,6 +27,11 @@ bool prompt_closes_reasoning(std::string_view prompt) {
   return end != std::string_view::npos && prompt.substr(0, end + 1).ends_with(kClose);
 }
 
+grammar::Reasoning answer_start(bool template_reasons, std::string_view prompt) {
+  if (!template_reasons || prompt_closes_reasoning(prompt)) return grammar::Reasoning::none;
+  return prompt_opens_reasoning(prompt) ? grammar::Reasoning::open : grammar::Reasoning::optional_block;
+}
+
 ReasoningSplitter::Pieces ReasoningSplitter::push(std::string_view text) {
   pending_ += text;
   Pieces out;

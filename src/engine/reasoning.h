@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "grammar/constraint.h"
+
 namespace qinfer::engine {
 
 // True when a rendered prompt leaves a <think> block open (Qwen3.5's generation prompt).
@@ -14,6 +16,10 @@ bool prompt_opens_reasoning(std::string_view prompt);
 // True when a rendered prompt ends with a closed <think> block (enable_thinking false): the model
 // answers at once.
 bool prompt_closes_reasoning(std::string_view prompt);
+// Where the answer a constraint covers starts, for a template that writes <think> blocks or not:
+// after the reasoning the prompt opened, at once when the prompt closed it (enable_thinking false)
+// or the template has none, else after a reasoning block the model may write.
+grammar::Reasoning answer_start(bool template_reasons, std::string_view prompt);
 
 class ReasoningSplitter {
  public:

@@ -497,12 +497,7 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& bo
     prompt += output.prefill;
   }
   output.reasoning_open = split_reasoning && engine::prompt_opens_reasoning(prompt);
-  // Where the answer a constraint covers starts: after the reasoning the prompt opened, at once when
-  // the prompt closed it (enable_thinking false), else after a reasoning block the model may write.
-  const grammar::Reasoning reasoning = !split_reasoning                         ? grammar::Reasoning::none
-                                       : engine::prompt_opens_reasoning(prompt)  ? grammar::Reasoning::open
-                                       : engine::prompt_closes_reasoning(prompt) ? grammar::Reasoning::none
-                                                                                 : grammar::Reasoning::optional_block;
+  const grammar::Reasoning reasoning = engine::answer_start(split_reasoning, prompt);
   if (r.constraint.kind != grammar::ConstraintSpec::Kind::none) {
     // A constrained answer is content all through, "<think>" inside a JSON string included.
     output.split_reasoning = reasoning != grammar::Reasoning::none;
