@@ -12,36 +12,6 @@ namespace {
 constexpr std::string_view kOpen = "<think>", kClose = "</think>";
 constexpr int kMaxNewlinesAfterReasoning = 4;
 
-// Any bytes not containing `pattern`, then `pattern`: one rule per state of the pattern's
-// Knuth–Morris–Pratt automaton (state i: the text so far ends with the first i bytes of it).
-Element free_text_then(Grammar& g, std::string_view pattern) {
-  const int n = static_cast<int>(pattern.size());
-  std::vector<int> fail(n + 1, 0);
-  for (int i = 1, k = 0; i < n; ++i) {
-    while (k > 0 && pattern[i] != pattern[k]) k = fail[k];
-    if (pattern[i] == pattern[k]) ++k;
-    fail[i + 1] = k;
-  }
-  const auto next = [&](int state, uint8_t b) {
-    while (state > 0 && static_cast<uint8_t>(pattern[state]) != b) state = fail[state];
-    return static_cast<uint8_t>(pattern[state]) == b ? state + 1 : 0;
-  };
-  std::vector<int32_t> states(n);
-  for (int i = 0; i < n; ++i) states[i] = g.add_rule(g.unique_name("reasoning"));
-  for (int i = 0; i < n; ++i) {
-    std::map<int, ByteSet> by_next;
-    for (int b = 0; b < 256; ++b) by_next[next(i, static_cast<uint8_t>(b))].add(static_cast<uint8_t>(b));
-    for (const auto& [to, set] : by_next) {
-      if (to == n) {
-        g.add_alternative(states[i], {g.bytes(set)});  // the pattern completes: the text ends here
-      } else {
-        g.add_alternative(states[i], {g.bytes(set), Grammar::rule(states[to])});
-      }
-    }
-  }
-  return Grammar::rule(states[0]);
-}
-
 std::string spec_key(const ConstraintSpec& spec, Reasoning reasoning, const std::vector<int32_t>& stop_ids) {
   std::string key = fmt::format("{}|{}|{}|{}|", static_cast<int>(spec.kind), static_cast<int>(reasoning), spec.strict,
                                 spec.any_whitespace);
@@ -50,6 +20,13 @@ std::string spec_key(const ConstraintSpec& spec, Reasoning reasoning, const std:
   switch (spec.kind) {
     case ConstraintSpec::Kind::json_schema: key += spec.schema.dump(); break;
     case ConstraintSpec::Kind::choice: key += nlohmann::ordered_json(spec.choices).dump(); break;
+    case ConstraintSpec::Kind::tool_calls: {
+      const ToolCallSpec& t = spec.tool_calls;
+      nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+      for (const ToolSchema& tool : t.tools) tools.push_back({tool.name, tool.strict, tool.field, tool.parameters});
+      key += fmt::format("{}|{}|{}|{}", static_cast<int>(t.syntax), t.required, t.parallel, tools.dump());
+      break;
+    }
     default: key += spec.text; break;
   }
   return key;
@@ -64,6 +41,7 @@ Grammar spec_grammar(const ConstraintSpec& spec) {
     case ConstraintSpec::Kind::json_schema: return json_schema_grammar(spec.schema, json_options);
     case ConstraintSpec::Kind::regex: return regex_grammar(spec.text);
     case ConstraintSpec::Kind::grammar: return parse_gbnf(spec.text);
+    case ConstraintSpec::Kind::tool_calls: return tool_call_grammar(spec.tool_calls);
     case ConstraintSpec::Kind::choice: {
       QINFER_CHECK(!spec.choices.empty(), "choice: at least one choice is needed");
       Grammar g;
@@ -86,7 +64,7 @@ Grammar with_reasoning(Grammar body, Reasoning reasoning) {
   const int32_t answer = g.root();
   Sequence block;
   if (reasoning == Reasoning::optional_block) block = g.literal(kOpen);
-  block.push_back(free_text_then(g, kClose));
+  block.push_back(g.text_until("reasoning", kClose, {}, {}, /*may_stop=*/false));
   block.push_back(g.repeat("reasoning-newlines", g.literal("\n"), 0, kMaxNewlinesAfterReasoning));
   const int32_t root = g.add_rule(g.unique_name("root-with-reasoning"));
   Sequence after = block;

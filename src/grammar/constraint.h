@@ -1,7 +1,8 @@
 #pragma once
 // What a request constrains its output to (structured outputs), compiled once per distinct request
 // into the masks its sequences share: JSON mode, a JSON Schema, a regular expression, a choice of
-// strings, or a GBNF grammar, optionally after a reasoning block the grammar leaves free.
+// strings, a GBNF grammar, or the tool calls a request allows, optionally after a reasoning block
+// the grammar leaves free.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -14,17 +15,19 @@
 
 #include "grammar/grammar.h"
 #include "grammar/mask.h"
+#include "grammar/tool_calls.h"
 
 namespace qinfer::grammar {
 
 struct ConstraintSpec {
-  enum class Kind { none, json_object, json_schema, regex, choice, grammar };
+  enum class Kind { none, json_object, json_schema, regex, choice, grammar, tool_calls };
   Kind kind = Kind::none;
   nlohmann::ordered_json schema;     // json_schema
   bool strict = false;               // json_schema: OpenAI strict mode
   bool any_whitespace = false;       // json_*: pretty-printed JSON allowed (JsonSchemaOptions)
   std::string text;                  // regex pattern or GBNF grammar
   std::vector<std::string> choices;  // choice: the output is exactly one of them
+  ToolCallSpec tool_calls;           // tool_calls
 };
 
 // Where a reasoning model's output starts: no reasoning (the grammar starts at once), a <think>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 
 #include "grammar/utf8_text.h"
 
@@ -190,6 +191,96 @@ std::string Grammar::unique_name(std::string_view base) {
   while (names_.count(name)) name = std::string(base) + "-" + std::to_string(++n);
   names_.insert(name);
   return name;
+}
+
+Element Grammar::text_until(std::string_view name, std::string_view end, const std::vector<std::string>& forbidden,
+                            const Sequence& after, bool may_stop) {
+  QINFER_CHECK(!end.empty(), "grammar: text_until needs a non-empty end");
+  // The trie of the patterns; match: -1 none, 0 `end` ends here, 1 a forbidden pattern does (it
+  // wins where both do: the text cannot contain it, even as the end's suffix).
+  enum : int8_t { kNone = -1, kEnd = 0, kForbidden = 1 };
+  std::vector<std::array<int32_t, 256>> go(1);
+  go[0].fill(-1);
+  std::vector<int8_t> match{kNone};
+  std::vector<int32_t> fail{0};
+  auto insert = [&](std::string_view pattern, int8_t kind) {
+    int32_t node = 0;
+    for (char c : pattern) {
+      const uint8_t b = static_cast<uint8_t>(c);
+      if (go[node][b] < 0) {
+        go[node][b] = static_cast<int32_t>(go.size());
+        go.emplace_back().fill(-1);
+        match.push_back(kNone);
+        fail.push_back(0);
+      }
+      node = go[node][b];
+    }
+    match[node] = std::max(match[node], kind);
+  };
+  insert(end, kEnd);
+  for (const std::string& f : forbidden) {
+    QINFER_CHECK(!f.empty(), "grammar: text_until's forbidden patterns must not be empty");
+    insert(f, kForbidden);
+  }
+  // Failure links breadth first, completing the transitions into a full automaton.
+  std::vector<int32_t> queue;
+  for (int b = 0; b < 256; ++b) {
+    int32_t& next = go[0][b];
+    if (next < 0) {
+      next = 0;
+    } else {
+      fail[next] = 0;
+      queue.push_back(next);
+    }
+  }
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const int32_t u = queue[i];
+    match[u] = std::max(match[u], match[fail[u]]);
+    for (int b = 0; b < 256; ++b) {
+      int32_t& next = go[u][b];
+      if (next < 0) {
+        next = go[fail[u]][b];
+      } else {
+        fail[next] = go[fail[u]][b];
+        queue.push_back(next);
+      }
+    }
+  }
+  // A rule per state where no pattern has matched yet.
+  std::vector<int32_t> state(go.size(), -1);
+  for (size_t u = 0; u < go.size(); ++u)
+    if (match[u] == kNone) state[u] = add_rule(unique_name(name));
+  for (size_t u = 0; u < go.size(); ++u) {
+    if (state[u] < 0) continue;
+    std::map<int32_t, ByteSet> by_next;
+    for (int b = 0; b < 256; ++b)
+      if (match[go[u][b]] != kForbidden) by_next[go[u][b]].add(static_cast<uint8_t>(b));
+    for (const auto& [to, set] : by_next) {
+      Sequence alt{bytes(set)};
+      if (match[to] == kEnd)
+        alt.insert(alt.end(), after.begin(), after.end());
+      else
+        alt.push_back(rule(state[to]));
+      add_alternative(state[u], std::move(alt));
+    }
+    if (may_stop) add_alternative(state[u], {});
+  }
+  return rule(state[0]);
+}
+
+Element Grammar::embed(const Grammar& other) {
+  QINFER_CHECK(other.root_ >= 0, "grammar: embedding a grammar without a root");
+  std::vector<int32_t> sets(other.byte_sets_.size());
+  for (size_t i = 0; i < sets.size(); ++i) sets[i] = add_byte_set(other.byte_sets_[i]);
+  const int32_t base = static_cast<int32_t>(rules_.size());
+  for (const Rule& r : other.rules_) add_rule(r.name);
+  for (size_t i = 0; i < other.rules_.size(); ++i)
+    for (const Sequence& alt : other.rules_[i].alternatives) {
+      Sequence copy = alt;
+      for (Element& e : copy) e.index = e.kind == Element::Kind::bytes ? sets[e.index] : base + e.index;
+      add_alternative(base + static_cast<int32_t>(i), std::move(copy));
+    }
+  return rule(base + other.root_);
 }
 
 void Grammar::validate() const {

@@ -70,6 +70,13 @@ class Grammar {
   // the matcher's stacks grow with the count only where the repetition is unbounded.
   Element repeat(std::string name, Sequence item, int64_t min, int64_t max);
   Element optional(std::string name, Sequence item) { return repeat(std::move(name), std::move(item), 0, 1); }
+  // Free text: any bytes in which none of `forbidden` occurs, up to and including the first
+  // occurrence of `end`, then `after`; with `may_stop`, the text may also end anywhere before
+  // that. One rule per state of the patterns' Aho–Corasick automaton.
+  Element text_until(std::string_view name, std::string_view end, const std::vector<std::string>& forbidden,
+                     const Sequence& after, bool may_stop);
+  // The rules of `other` copied into this grammar; the element of its root.
+  Element embed(const Grammar& other);
 
   std::string unique_name(std::string_view base);
 

@@ -1425,10 +1425,11 @@ Json merge_allof(const Json& a_in, const Json& b_in, const std::string& path, in
 
 }  // namespace
 
-Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options,
+                            const std::string& pointer) {
   Grammar g;
   Builder builder(g, schema, options);
-  const Element value = builder.pointer("#", "");
+  const Element value = builder.pointer(pointer, pointer == "#" ? "" : pointer.substr(1));
   Sequence root;
   if (options.any_whitespace)
     root = {builder.whitespace(), value, builder.whitespace()};

@@ -59,7 +59,9 @@ struct JsonSchemaOptions {
 
 // The schema's property order is kept (the order the model writes them in): pass ordered_json, as
 // the server parses requests. Throws Error for what is not supported and for invalid schemas.
-Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
+// `pointer`: the schema inside the document to compile (its $refs resolve against the document).
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {},
+                            const std::string& pointer = "#");
 // The same, with properties in nlohmann::json's (alphabetical) key order.
 Grammar json_schema_grammar(const io::json& schema, const JsonSchemaOptions& options = {});
 

@@ -7,7 +7,6 @@ ChatOutputParser::ChatOutputParser(const ChatOutputOptions& options)
   if (options.split_reasoning)
     reasoning_.emplace(options.reasoning_open, /*tool_call_ends_reasoning=*/tools_ != nullptr,
                        options.reasoning_leading_only);
-  if (tools_ && !options.prefill.empty()) add_content(prefilled_, tools_->push(options.prefill));
 }
 
 void ChatOutputParser::add_content(ChatDelta& out, ParsedOutput parsed) {
@@ -21,8 +20,7 @@ void ChatOutputParser::add_content(ChatDelta& out, ParsedOutput parsed) {
 }
 
 ChatDelta ChatOutputParser::push(std::string_view text) {
-  ChatDelta out = std::move(prefilled_);
-  prefilled_ = {};
+  ChatDelta out;
   std::string content(text);
   if (reasoning_) {
     engine::ReasoningSplitter::Pieces pieces = reasoning_->push(text);

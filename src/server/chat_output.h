@@ -24,7 +24,6 @@ struct ChatOutputOptions {
   bool reasoning_leading_only = false;                // only a block at the start (ReasoningSplitter)
   ToolCallFormat tool_format = ToolCallFormat::none;  // none: tool calls are not parsed
   json tools = json::array();
-  std::string prefill;  // tool-call text the prompt already ends with (tool_choice)
 };
 
 class ChatOutputParser {
@@ -39,7 +38,6 @@ class ChatOutputParser {
 
   std::optional<engine::ReasoningSplitter> reasoning_;
   std::unique_ptr<ToolCallParser> tools_;
-  ChatDelta prefilled_;  // what the prefill produced, sent with the first delta
 };
 
 }  // namespace qinfer::server

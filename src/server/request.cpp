@@ -370,6 +370,8 @@ void parse_tools(const json& body, ChatRequest& r) {
         bad_request(path + ".function.name", "{}.function.name: \"{}\" is defined twice", path, n);
       if (const json* d = get(*function, "description")) string(*d, path + ".function.description");
       if (const json* p = get(*function, "parameters")) object(*p, path + ".function.parameters");
+      if (const json* strict = get(*function, "strict"); strict && !strict->is_null())
+        boolean(*strict, path + ".function.strict");
       json t = tool;
       t["type"] = "function";
       tools.push_back(std::move(t));
@@ -406,7 +408,8 @@ void parse_tools(const json& body, ChatRequest& r) {
   }
   if (r.tool_choice == ToolChoice::required && tools.empty())
     bad_request("tool_choice", "tool_choice: \"required\" needs at least one tool in tools");
-  if (const json* v = get(body, "parallel_tool_calls")) boolean(*v, "parallel_tool_calls");
+  if (const json* v = get(body, "parallel_tool_calls"); v && !v->is_null())
+    r.parallel_tool_calls = boolean(*v, "parallel_tool_calls");
   if (r.tool_choice != ToolChoice::none) r.tools = std::move(tools);
 }
 

@@ -53,6 +53,7 @@ struct ChatRequest : GenerationRequest {
   json tools = json::array();  // the tools the model may call (empty when tool_choice is "none")
   ToolChoice tool_choice = ToolChoice::none;
   std::string tool_name;  // for ToolChoice::named
+  bool parallel_tool_calls = true;  // false: at most one call in the turn
 };
 
 struct CompletionRequest : GenerationRequest {

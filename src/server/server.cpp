@@ -50,6 +50,28 @@ ApiError server_error(int status, const std::string& message) {
   return ApiError(status, status == 503 ? "service_unavailable" : "server_error", "", "", message);
 }
 
+// What the request's tools allow the model to write: any text then calls ("auto"), calls only
+// ("required"), one call of the named tool.
+grammar::ConstraintSpec tool_call_constraint(const ChatRequest& r, ToolCallFormat format) {
+  grammar::ConstraintSpec spec;
+  spec.kind = grammar::ConstraintSpec::Kind::tool_calls;
+  grammar::ToolCallSpec& t = spec.tool_calls;
+  t.syntax = format == ToolCallFormat::xml ? grammar::ToolCallSyntax::xml : grammar::ToolCallSyntax::hermes;
+  t.required = r.tool_choice != ToolChoice::automatic;
+  t.parallel = r.parallel_tool_calls && r.tool_choice != ToolChoice::named;
+  for (size_t i = 0; i < r.tools.size(); ++i) {
+    const json& f = r.tools[i]["function"];
+    grammar::ToolSchema tool;
+    tool.name = f["name"].get<std::string>();
+    if (r.tool_choice == ToolChoice::named && tool.name != r.tool_name) continue;
+    if (auto p = f.find("parameters"); p != f.end()) tool.parameters = *p;
+    if (auto strict = f.find("strict"); strict != f.end() && strict->is_boolean()) tool.strict = strict->get<bool>();
+    tool.field = fmt::format("tools[{}]", i);
+    t.tools.push_back(std::move(tool));
+  }
+  return spec;
+}
+
 // The finish reason a client sees: a turn that ended by itself after calling tools ends in "tool_calls".
 std::string client_finish_reason(const std::string& reason, int tool_calls) {
   if (reason == "stop" && tool_calls > 0) return "tool_calls";
@@ -464,6 +486,8 @@ std::shared_ptr<grammar::GrammarMasks> Server::Impl::constraint_for(const Genera
   try {
     return constraints->get(r.constraint, reasoning, stop_ids);
   } catch (const qinfer::Error& e) {
+    // Tool errors name the tool's field themselves.
+    if (r.constraint.kind == grammar::ConstraintSpec::Kind::tool_calls) bad_request(r.constraint_field, "{}", e.what());
     bad_request(r.constraint_field, "{}: {}", r.constraint_field, e.what());
   }
 }
@@ -490,16 +514,15 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& bo
   if (r.constraint.kind != grammar::ConstraintSpec::Kind::none && r.tool_choice != ToolChoice::none)
     bad_request(r.constraint_field, "{}: a structured output cannot be combined with tools (tool_choice \"none\" or no "
                 "tools)", r.constraint_field);
-  if (r.tool_choice == ToolChoice::required || r.tool_choice == ToolChoice::named) {
-    // No grammar engine: the prompt itself opens the call (and closes an open reasoning block first).
-    if (split_reasoning && engine::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
-    output.prefill = tool_call_prefill(tool_format, r.tool_choice == ToolChoice::named ? r.tool_name : "");
-    prompt += output.prefill;
+  if (r.tool_choice != ToolChoice::none) {
+    // The calls follow the format's grammar: declared names, arguments their schemas accept.
+    r.constraint = tool_call_constraint(r, tool_format);
+    r.constraint_field = "tools";
   }
   output.reasoning_open = split_reasoning && engine::prompt_opens_reasoning(prompt);
   const grammar::Reasoning reasoning = engine::answer_start(split_reasoning, prompt);
   if (r.constraint.kind != grammar::ConstraintSpec::Kind::none) {
-    // A constrained answer is content all through, "<think>" inside a JSON string included.
+    // A constrained answer is content (and calls) all through, "<think>" inside a JSON string included.
     output.split_reasoning = reasoning != grammar::Reasoning::none;
     output.reasoning_leading_only = true;
   }

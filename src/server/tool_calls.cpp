@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "engine/text_stream.h"
+#include "grammar/tool_calls.h"
 #include "server/text_scan.h"
 
 namespace qinfer::server {
@@ -170,7 +171,7 @@ class HermesParser final : public ToolCallParser {
     }
   }
 
-  bool close(ParsedOutput& out) override {
+  bool close(ParsedOutput& out, bool) override {
     if (streamed_) return true;  // a truncated arguments value stays as the model wrote it
     // Not streamed: read the call as one JSON object (keys in another order, arguments as a string).
     const json call = json::parse(trim(body_), nullptr, false);
@@ -179,11 +180,11 @@ class HermesParser final : public ToolCallParser {
       if (!readable) return false;
       start_call(out, call["name"].get<std::string>());
     }
-    std::string arguments = "{}";
-    if (readable)
-      for (const char* key : {"arguments", "parameters"})
-        if (auto it = call.find(key); it != call.end())
-          arguments = it->is_string() ? it->get<std::string>() : dump(*it);
+    if (!readable) return true;  // cut off after the name: no arguments are made up
+    std::string arguments = "{}";  // a whole call that names no arguments takes none
+    for (const char* key : {"arguments", "parameters"})
+      if (auto it = call.find(key); it != call.end())
+        arguments = it->is_string() ? it->get<std::string>() : dump(*it);
     emit_arguments(out, arguments);
     return true;
   }
@@ -271,7 +272,7 @@ class XmlParser final : public ToolCallParser {
           if (gt == std::string_view::npos) return;
           parameter_ = std::string(trim(s.substr(pos_, gt - pos_)));
           pos_ = gt + 1;
-          type_ = parameter_type(parameter_);
+          type_ = grammar::xml_parameter_type(parameter_schema(parameter_));
           first_newline_ = true;
           if (type_ == "string") {
             std::string prefix = arguments_open_ ? ", \"" : "{\"";
@@ -343,8 +344,19 @@ class XmlParser final : public ToolCallParser {
     arguments_open_ = false;
   }
 
-  bool close(ParsedOutput& out) override {
+  bool close(ParsedOutput& out, bool closed) override {
     if (!started_) return false;
+    if (!closed) {
+      // Cut off: a string value so far stays as written (unterminated); nothing else is added.
+      if (state_ == State::value && type_ == "string") {
+        std::string_view rest = std::string_view(body_).substr(pos_);
+        if (first_newline_ && !rest.empty() && rest.front() == '\n') rest.remove_prefix(1);
+        std::string fragment;
+        append_json_escaped(fragment, rest);
+        emit_arguments(out, fragment);
+      }
+      return true;
+    }
     if (state_ == State::value) finish_value(out, std::string_view(body_).substr(pos_));
     if (state_ != State::done) close_arguments(out);
     return true;
@@ -356,18 +368,10 @@ class XmlParser final : public ToolCallParser {
     properties_ = nullptr;
   }
 
-  // The JSON schema type of a parameter: "string" when the schema says so or does not know the
-  // parameter, "" when it is known without a usable type.
-  std::string parameter_type(const std::string& name) const {
-    if (!properties_ || !properties_->contains(name)) return "string";
-    const json& p = (*properties_)[name];
-    if (!p.is_object() || !p.contains("type")) return "";
-    const json& t = p["type"];
-    if (t.is_string()) return t.get<std::string>();
-    if (t.is_array())
-      for (const json& option : t)
-        if (option.is_string() && option != "null") return option.get<std::string>();
-    return "";
+  // The schema of a parameter (nullptr: the tool does not declare it).
+  const json* parameter_schema(const std::string& name) const {
+    if (!properties_ || !properties_->contains(name)) return nullptr;
+    return &(*properties_)[name];
   }
 
   // A non-string value as JSON text: parsed when it is valid JSON of a fitting kind, else a string.
@@ -486,7 +490,7 @@ void ToolCallParser::emit_content(ParsedOutput& out, std::string_view text, bool
 }
 
 void ToolCallParser::end_call(ParsedOutput& out, bool closed) {
-  if (!close(out)) {
+  if (!close(out, closed)) {
     // Not a call we can read: the text goes out as it was written.
     std::string raw = std::string(kCallOpen) + body_;
     if (closed) raw += kCallClose;
@@ -512,19 +516,6 @@ std::unique_ptr<ToolCallParser> make_tool_call_parser(ToolCallFormat format, con
       break;
   }
   return nullptr;
-}
-
-std::string tool_call_prefill(ToolCallFormat format, const std::string& name) {
-  switch (format) {
-    case ToolCallFormat::hermes:
-      if (name.empty()) return "<tool_call>\n{\"name\": \"";
-      return "<tool_call>\n{\"name\": " + dump(json(name)) + ", \"arguments\": ";
-    case ToolCallFormat::xml:
-      return name.empty() ? "<tool_call>\n<function=" : "<tool_call>\n<function=" + name + ">\n";
-    case ToolCallFormat::none:
-      break;
-  }
-  return "";
 }
 
 }  // namespace qinfer::server

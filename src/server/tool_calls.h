@@ -44,9 +44,10 @@ class ToolCallParser {
   // The call body so far (text after <tool_call>); `complete` when its end was seen. Consume from
   // pos_ and report what became known.
   virtual void scan(ParsedOutput& out, bool complete) = 0;
-  // Completes the current call's arguments (the end tag arrived, or the output ended); returns
-  // false when the call never got a name, so its text goes out as content.
-  virtual bool close(ParsedOutput& out) = 0;
+  // Completes the current call's arguments when its end tag arrived (`closed`); an output that
+  // ended inside a call (max_tokens, a stop string) keeps the arguments as written, none invented.
+  // Returns false when the call never got a name, so its text goes out as content.
+  virtual bool close(ParsedOutput& out, bool closed) = 0;
   virtual void reset() = 0;
 
   void start_call(ParsedOutput& out, std::string name);
@@ -70,9 +71,5 @@ class ToolCallParser {
 // Parser for `format` (nullptr for ToolCallFormat::none). `tools` is the request's tools array
 // (the XML form needs the parameter types).
 std::unique_ptr<ToolCallParser> make_tool_call_parser(ToolCallFormat format, const json& tools);
-
-// Text appended to the prompt so the model must call a tool: any tool (`name` empty, tool_choice
-// "required") or the named one.
-std::string tool_call_prefill(ToolCallFormat format, const std::string& name);
 
 }  // namespace qinfer::server

@@ -187,6 +187,19 @@ TEST(LiveServer, StructuredOutputClientLibraries) {
   expect_all_free(s);
 }
 
+// Tool calls follow the request's tools in both formats, through openai (runTools) and LangChain.
+TEST(LiveServer, ToolCallsFollowTheirTools) {
+  for (const char* package : {"zod", "@langchain/openai"})
+    ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / package / "package.json"))
+        << "the " << package << " npm package is missing: run scripts/fetch-test-data.sh";
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "Qwen3.5, XML calls" : "Qwen3, Hermes calls");
+    LiveServer s(hybrid, hybrid ? "qwen35_features.jinja" : "qwen3.jinja", /*max_context=*/4096);
+    run_node("tool_calls.mjs", s.port());
+    expect_all_free(s);
+  }
+}
+
 TEST(LiveServer, SixtyFourStreamsWithAThirdAbortedFreeEverything) {
   LiveServer s(true, "qwen35_features.jinja");
   run_node("concurrency.mjs", s.port());

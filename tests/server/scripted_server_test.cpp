@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "grammar/matcher.h"
 #include "server/server.h"
 #include "server_test_util.h"
 
@@ -183,18 +184,33 @@ TEST(ScriptedServer, XmlToolCallsAndReasoningNonStreaming) {
   EXPECT_EQ(a.finish_reason, "tool_calls");
 }
 
-TEST(ScriptedServer, ToolChoiceShapesThePrompt) {
+// Whether the request's constraint allows the whole text (as the engine would run it).
+bool constraint_allows(const engine::RequestParams& p, std::string_view text) {
+  if (!p.constraint) return true;
+  grammar::Matcher m(p.constraint->grammar());
+  return m.advance(text) && m.accepting();
+}
+
+TEST(ScriptedServer, ToolChoiceConstrainsTheAnswer) {
   ScriptedServer s(qwen35_template());
-  s.generator.set_script({{"<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"}});
+  const std::string oslo =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+  const std::string reasoning = "The user wants the weather.\n</think>\n\n";
+  s.generator.set_script({{reasoning + oslo}});
   json body = chat_body(false);
   body["tools"] = kTools;
   body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
   HttpResponse r = s.post("/v1/chat/completions", body);
   ASSERT_EQ(r.status, 200) << r.body;
-  // The prompt closed the reasoning block and opened the named call; the answer completes it.
-  std::string prompt = mini_tokenizer().decode(s.generator.submitted().back().prompt);
-  EXPECT_TRUE(prompt.ends_with("<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n")) << prompt;
-  const json call = r.body_json()["choices"][0]["message"]["tool_calls"][0];
+  // The prompt is the template's (reasoning left open); the grammar makes the answer the named call.
+  const engine::RequestParams named = s.generator.submitted().back();
+  EXPECT_TRUE(mini_tokenizer().decode(named.prompt).ends_with("<think>\n"));
+  EXPECT_TRUE(constraint_allows(named, reasoning + oslo));
+  EXPECT_FALSE(constraint_allows(named, reasoning + "Sunny."));
+  EXPECT_FALSE(constraint_allows(named, reasoning + oslo + "\n" + oslo));  // one call
+  const json message = r.body_json()["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "The user wants the weather.");
+  const json call = message["tool_calls"][0];
   EXPECT_EQ(call["function"]["name"], "get_weather");
   EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()), (json{{"city", "Oslo"}}));
 
@@ -202,16 +218,41 @@ TEST(ScriptedServer, ToolChoiceShapesThePrompt) {
   s.generator.set_script({{"Sunny."}});
   r = s.post("/v1/chat/completions", body);
   ASSERT_EQ(r.status, 200);
-  prompt = mini_tokenizer().decode(s.generator.submitted().back().prompt);
-  EXPECT_THAT(prompt, ::testing::Not(HasSubstr("get_weather")));
+  EXPECT_THAT(mini_tokenizer().decode(s.generator.submitted().back().prompt), ::testing::Not(HasSubstr("get_weather")));
+  EXPECT_EQ(s.generator.submitted().back().constraint, nullptr);
   EXPECT_EQ(r.body_json()["choices"][0]["message"]["reasoning_content"], "Sunny.");  // the block never closed
 
   body["tool_choice"] = "required";
-  s.generator.set_script({{"get_weather>\n</function>\n</tool_call>"}});
+  s.generator.set_script({{reasoning + oslo}});
   r = s.post("/v1/chat/completions", body);
   ASSERT_EQ(r.status, 200);
-  EXPECT_TRUE(mini_tokenizer().decode(s.generator.submitted().back().prompt).ends_with("<tool_call>\n<function="));
+  const engine::RequestParams required = s.generator.submitted().back();
+  EXPECT_TRUE(constraint_allows(required, reasoning + oslo + "\n" + oslo));
+  EXPECT_FALSE(constraint_allows(required, reasoning + "Sunny."));
   EXPECT_EQ(r.body_json()["choices"][0]["finish_reason"], "tool_calls");
+
+  body["tool_choice"] = "auto";
+  body["parallel_tool_calls"] = false;
+  r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200);
+  const engine::RequestParams automatic = s.generator.submitted().back();
+  EXPECT_TRUE(constraint_allows(automatic, reasoning + "Sunny."));
+  EXPECT_TRUE(constraint_allows(automatic, reasoning + "Let me look.\n" + oslo));
+  EXPECT_FALSE(constraint_allows(automatic, reasoning + oslo + "\n" + oslo));  // parallel_tool_calls false
+  EXPECT_FALSE(constraint_allows(
+      automatic, reasoning + "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"));  // undeclared
+
+  // A strict tool whose schema the grammar cannot follow is refused, naming it.
+  body["tools"][0]["function"]["strict"] = true;
+  body["tools"][0]["function"]["parameters"]["properties"]["city"]["pattern"] = "^[A-Z]";
+  r = s.post("/v1/chat/completions", body);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.body, HasSubstr("tools[0].function.parameters"));
+  EXPECT_THAT(r.body, HasSubstr("pattern"));
+  body["tools"][0]["function"]["strict"] = "yes";
+  r = s.post("/v1/chat/completions", body);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.body, HasSubstr("tools[0].function.strict"));
 }
 
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {

@@ -165,9 +165,6 @@ TEST(XmlToolCalls, SeveralCallsNoParametersAndMissingEndTags) {
                      "<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
                      "<parameter=zone>\nUTC\n<parameter=other>\nx\n</function>\n</tool_call>\nDone.",
                      {"Done.", {{"get_time", "{}"}, {"get_time", "{\"zone\": \"UTC\", \"other\": \"x\"}"}}});
-  // Output cut off mid-value: the call is closed with what was written.
-  expect_every_split(ToolCallFormat::xml, "<tool_call>\n<function=get_time>\n<parameter=zone>\nEur",
-                     {"", {{"get_time", "{\"zone\": \"Eur\"}"}}});
 }
 
 TEST(XmlToolCalls, UnreadableCallIsContent) {
@@ -186,19 +183,19 @@ TEST(XmlToolCalls, StringValuesStreamBeforeTheParameterEnds) {
   EXPECT_EQ(b.calls[0].arguments, "ncisco");  // the newline may still be the value's layout
 }
 
-TEST(ToolCallPrefill, TheForcedOpeningIsPartOfTheCall) {
-  for (ToolCallFormat format : {ToolCallFormat::hermes, ToolCallFormat::xml}) {
-    const std::string named = tool_call_prefill(format, "get_time");
-    const std::string rest = format == ToolCallFormat::hermes
-                                 ? "{\"zone\": \"UTC\"}}\n</tool_call>"
-                                 : "<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>";
-    EXPECT_EQ(parse_chunks(format, {named, rest}), (Result{"", {{"get_time", "{\"zone\": \"UTC\"}"}}}));
-    const std::string any = tool_call_prefill(format, "");
-    const std::string rest_any = format == ToolCallFormat::hermes
-                                     ? "get_time\", \"arguments\": {\"zone\": \"UTC\"}}\n</tool_call>"
-                                     : "get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>";
-    EXPECT_EQ(parse_chunks(format, {any, rest_any}), (Result{"", {{"get_time", "{\"zone\": \"UTC\"}"}}}));
-  }
+// An output cut off inside a call (max_tokens, a stop string) keeps the arguments the model wrote:
+// nothing closes them, no value is made up.
+TEST(ToolCalls, CutOffCallsKeepOnlyWhatWasWritten) {
+  expect_every_split(ToolCallFormat::xml, "<tool_call>\n<function=get_time>\n<parameter=zone>\nEur",
+                     {"", {{"get_time", "{\"zone\": \"Eur"}}});
+  expect_every_split(ToolCallFormat::xml, "<tool_call>\n<function=get_time>\n", {"", {{"get_time", ""}}});
+  expect_every_split(ToolCallFormat::xml,
+                     "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n1",
+                     {"", {{"get_weather", "{\"city\": \"Oslo\""}}});
+  expect_every_split(ToolCallFormat::hermes, "<tool_call>\n{\"name\": \"get_time\", \"argu",
+                     {"", {{"get_time", ""}}});
+  expect_every_split(ToolCallFormat::hermes, "<tool_call>\n{\"arguments\": {}, \"name\": \"get_time\"",
+                     {"<tool_call>\n{\"arguments\": {}, \"name\": \"get_time\"", {}});
 }
 
 // Reasoning then tool calls through the chat output parser, split at every byte.

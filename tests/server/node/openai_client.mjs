@@ -80,14 +80,16 @@ for (const e of entries) {
 const clp = await openai.completions.create({ model, prompt, max_tokens: 3, temperature: 0, logprobs: 2 });
 check(clp.choices[0].logprobs.tokens.length === clp.choices[0].logprobs.top_logprobs.length, 'completion logprobs columns');
 
-// Tools. A named choice opens the call in the prompt, so even random weights stream that call.
+// Tools. A named choice constrains the answer to that call, so even random weights stream it
+// (tests/server/node/tool_calls.mjs checks the calls themselves).
 const tools = [{
   type: 'function',
   function: { name: 'get_weather', description: 'Weather for a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } },
 }];
 const weather = [{ role: 'user', content: 'What is the weather in Paris?' }];
 const named = await collectChat(await openai.chat.completions.create({
-  model, messages: weather, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 8, stream: true,
+  model, messages: weather, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 40, stream: true,
+  chat_template_kwargs: { enable_thinking: false },
 }));
 const call = named.choices.get(0).calls[0];
 check(call && call.name === 'get_weather' && call.id.startsWith('call_'), 'named tool choice streams that call');
