@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 
 # The npm clients the server tests drive `qinfer serve` with, pinned exactly, into .deps/node/: the
 # `openai` client; the Vercel AI SDK (`ai`, with its OpenAI and OpenAI-compatible chat providers),
-# LangChain's ChatOpenAI and zod for the structured-output client tests. Every newer major of these
+# LangChain's ChatOpenAI and zod for the structured-output client tests; ajv (with ajv-formats), the
+# JSON Schema validator that checks generated outputs independently of the server's grammars. Every newer major of these
 # (openai 7, ai 7 with @ai-sdk/* 4 / openai-compatible 3, @langchain/openai >= 1.5.9) needs node >= 22;
 # these run on the node 20 of CI and dev machines. zod 4 is what ai / openai / @langchain/* peer-depend
 # on (@langchain/core 1.4 needs ^4.6.6), and @langchain/openai 1.5.8 shares openai 6.x with the client.
@@ -23,6 +24,8 @@ node_packages=(
   "zod@4.6.7"
   "@langchain/core@1.4.0"
   "@langchain/openai@1.5.8"
+  "ajv@8.20.0"
+  "ajv-formats@3.0.1"
 )
 node_dest=".deps/node"
 

@@ -26,16 +26,33 @@ namespace fs = std::filesystem;
 
 constexpr int kVocab = 663;  // the mini tokenizer's ids exactly: a random model samples every id it has
 
-json text_config(int64_t positions) {
+json text_config(int64_t positions, int64_t vocab = kVocab) {
   return {{"hidden_size", 64},    {"num_attention_heads", 2},       {"num_key_value_heads", 1},
-          {"head_dim", 32},       {"intermediate_size", 128},       {"vocab_size", kVocab},
+          {"head_dim", 32},       {"intermediate_size", 128},       {"vocab_size", vocab},
           {"rms_norm_eps", 1e-6}, {"max_position_embeddings", positions}};
 }
+
+// The real Qwen3 tokenizer and its chat template (scripts/fetch-test-data.sh fetches them).
+fs::path qwen3_tokenizer_dir() { return repo_root() / ".deps" / "qwen3-tokenizer"; }
+constexpr int64_t kQwen3Vocab = 151936;  // Qwen3's embedding rows (the tokenizer has 151,669 ids)
 
 // A model folder: random weights, the in-repo Qwen3.5-style mini tokenizer, and a chat template
 // from tests/jinja/data.
 class TinyModelDir {
  public:
+  struct RealQwen3Tokenizer {};
+  // A Qwen3 dense model with the real Qwen3 tokenizer and its own chat template.
+  explicit TinyModelDir(RealQwen3Tokenizer, int64_t positions = 2048) {
+    json config = text_config(positions, kQwen3Vocab);
+    config.update({{"model_type", "qwen3"},
+                   {"num_hidden_layers", 2},
+                   {"rope_theta", 1e6},
+                   {"tie_word_embeddings", true},
+                   {"torch_dtype", "bfloat16"}});
+    models::write_random_checkpoint(dir_.path(), io::json::parse(config.dump()), 7);
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+      fs::copy_file(qwen3_tokenizer_dir() / file, dir_ / file);
+  }
   TinyModelDir(bool hybrid, const std::string& template_file, int64_t positions = 2048) {
     json config;
     if (hybrid) {
@@ -82,22 +99,30 @@ class TinyModelDir {
 class LiveServer {
  public:
   LiveServer(bool hybrid, const std::string& template_file, int64_t max_context = 1024)
-      : dir_(hybrid, template_file, std::max<int64_t>(2048, max_context)),
-        checkpoint_(models::open_checkpoint(dir_.path())),
+      : LiveServer(std::make_unique<TinyModelDir>(hybrid, template_file, std::max<int64_t>(2048, max_context)),
+                   max_context) {}
+  // A model folder made elsewhere (owned: removed with the server), or one in the repository.
+  LiveServer(std::unique_ptr<TinyModelDir> dir, int64_t max_context)
+      : LiveServer(dir->path(), max_context, std::move(dir)) {}
+  LiveServer(const fs::path& model_dir, int64_t max_context) : LiveServer(model_dir, max_context, nullptr) {}
+  LiveServer(const fs::path& model_dir, int64_t max_context, std::unique_ptr<TinyModelDir>&& owned)
+      : owned_(std::move(owned)),
+        path_(model_dir),
+        checkpoint_(models::open_checkpoint(path_)),
         ops_(make_cpu_ops(global_thread_pool())),
         model_(checkpoint_, *ops_),
-        tokenizer_(tokenizer::Tokenizer::load(dir_.path())),
-        template_(tokenizer::ChatTemplate::from_model_dir(dir_.path())),
+        tokenizer_(tokenizer::Tokenizer::load(path_)),
+        template_(tokenizer::ChatTemplate::from_model_dir(path_)),
         engine_(model_, tokenizer_, engine_options(max_context)),
         generator_(engine_) {
     ServedModel served;
-    served.name = hybrid ? "tiny-qwen3.5" : "tiny-qwen3";
+    served.name = path_.filename().string();
     served.tokenizer = &tokenizer_;
     served.chat_template = &template_;
     served.chat_template_source = tokenizer_.config().chat_template;
-    served.stop_ids = engine::stop_ids(dir_.path(), checkpoint_.config, tokenizer_);
+    served.stop_ids = engine::stop_ids(path_, checkpoint_.config, tokenizer_);
     served.max_context = engine_.options().max_context;
-    served.sampling_defaults = sampling_defaults(dir_.path());
+    served.sampling_defaults = sampling_defaults(path_);
     ServerOptions options;
     options.port = 0;
     options.http_threads = 128;
@@ -107,7 +132,7 @@ class LiveServer {
   ~LiveServer() { server_->stop(); }
 
   int port() const { return port_; }
-  const fs::path& dir() const { return dir_.path(); }
+  const fs::path& dir() const { return path_; }
   engine::EngineStats stats() const { return engine_.stats(); }
 
  private:
@@ -119,7 +144,8 @@ class LiveServer {
     return o;
   }
 
-  TinyModelDir dir_;
+  std::unique_ptr<TinyModelDir> owned_;
+  fs::path path_;
   models::Checkpoint checkpoint_;
   std::unique_ptr<Ops> ops_;
   models::Model model_;
@@ -133,14 +159,14 @@ class LiveServer {
 
 // Runs tests/server/node/<script> against the server; fails clearly when node or the openai package
 // is missing (scripts/install-deps.sh and scripts/fetch-test-data.sh install them).
-void run_node(const std::string& script, int port) {
+void run_node(const std::string& script, int port, const std::string& env = "") {
   ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
       << "node is not installed: the server tests drive the server with the openai npm client";
   ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / "openai" / "package.json"))
       << "the openai npm package is missing: run scripts/fetch-test-data.sh";
   const fs::path file = repo_root() / "tests" / "server" / "node" / script;
   const qinfer::testing::CommandResult r =
-      qinfer::testing::run_command("node '" + file.string() + "' http://127.0.0.1:" + std::to_string(port) + "/v1");
+      qinfer::testing::run_command(env + " node '" + file.string() + "' http://127.0.0.1:" + std::to_string(port) + "/v1");
   EXPECT_EQ(r.status, 0) << "node " << script << " failed:\n" << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("checks passed")) << r.err;
   std::cout << r.out;
@@ -196,6 +222,33 @@ TEST(LiveServer, ToolCallsFollowTheirTools) {
     SCOPED_TRACE(hybrid ? "Qwen3.5, XML calls" : "Qwen3, Hermes calls");
     LiveServer s(hybrid, hybrid ? "qwen35_features.jinja" : "qwen3.jinja", /*max_context=*/4096);
     run_node("tool_calls.mjs", s.port());
+    expect_all_free(s);
+  }
+}
+
+// Every schema of the grammar corpus over seeded runs, each output validated by ajv, on the demo
+// model (3 seeds) and on a random-weight model with the real Qwen3 tokenizer (1 seed: its 152k-row
+// head and sampling are most of the test's time); regexes and choices likewise. Under the
+// sanitizers, which are there for memory errors, a quarter of the schemas and one seed.
+TEST(LiveServer, StructuredOutputsValidateOnRealVocabularies) {
+  ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / "ajv-formats" / "package.json"))
+      << "the ajv npm package is missing: run scripts/fetch-test-data.sh";
+  ASSERT_TRUE(fs::exists(qwen3_tokenizer_dir() / "tokenizer.json")) << "run scripts/fetch-test-data.sh";
+#if defined(__SANITIZE_ADDRESS__)
+  const std::string demo_env = "QINFER_CORPUS_SEEDS=1 QINFER_CORPUS_EVERY=4", qwen3_env = demo_env;
+#else
+  const std::string demo_env = "QINFER_CORPUS_SEEDS=3", qwen3_env = "QINFER_CORPUS_SEEDS=1";
+#endif
+  {
+    SCOPED_TRACE("the demo model");
+    LiveServer s(repo_root() / "models" / "demo", /*max_context=*/1024);
+    run_node("schema_corpus.mjs", s.port(), demo_env);
+    expect_all_free(s);
+  }
+  {
+    SCOPED_TRACE("a random-weight Qwen3 with the real tokenizer");
+    LiveServer s(std::make_unique<TinyModelDir>(TinyModelDir::RealQwen3Tokenizer{}), /*max_context=*/1024);
+    run_node("schema_corpus.mjs", s.port(), qwen3_env);
     expect_all_free(s);
   }
 }
