@@ -9,7 +9,7 @@
 namespace qinfer::grammar {
 namespace {
 
-constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+constexpr std::string_view kOpen = "<think>", kClose = "</think>", kCallOpen = "<tool_call>";
 constexpr int kMaxNewlinesAfterReasoning = 4;
 
 std::string spec_key(const ConstraintSpec& spec, Reasoning reasoning, const std::vector<int32_t>& stop_ids) {
@@ -32,16 +32,14 @@ std::string spec_key(const ConstraintSpec& spec, Reasoning reasoning, const std:
   return key;
 }
 
-}  // namespace
-
-Grammar spec_grammar(const ConstraintSpec& spec) {
+Grammar spec_grammar(const ConstraintSpec& spec, int32_t* calls_after_open) {
   const JsonSchemaOptions json_options{.any_whitespace = spec.any_whitespace, .strict = spec.strict};
   switch (spec.kind) {
     case ConstraintSpec::Kind::json_object: return json_object_grammar(json_options);
     case ConstraintSpec::Kind::json_schema: return json_schema_grammar(spec.schema, json_options);
     case ConstraintSpec::Kind::regex: return regex_grammar(spec.text);
     case ConstraintSpec::Kind::grammar: return parse_gbnf(spec.text);
-    case ConstraintSpec::Kind::tool_calls: return tool_call_grammar(spec.tool_calls);
+    case ConstraintSpec::Kind::tool_calls: return tool_call_grammar(spec.tool_calls, calls_after_open);
     case ConstraintSpec::Kind::choice: {
       QINFER_CHECK(!spec.choices.empty(), "choice: at least one choice is needed");
       Grammar g;
@@ -58,21 +56,39 @@ Grammar spec_grammar(const ConstraintSpec& spec) {
   fail("grammar: no constraint to compile");
 }
 
-Grammar with_reasoning(Grammar body, Reasoning reasoning) {
+// `body` after the reasoning the model may write first; `calls_after_open` >= 0: the rule of the
+// tool calls after their "<tool_call>", which may also end the reasoning block.
+Grammar with_reasoning(Grammar body, Reasoning reasoning, int32_t calls_after_open) {
   if (reasoning == Reasoning::none) return body;
   Grammar& g = body;
   const int32_t answer = g.root();
-  Sequence block;
-  if (reasoning == Reasoning::optional_block) block = g.literal(kOpen);
-  block.push_back(g.text_until("reasoning", kClose, {}, {}, /*may_stop=*/false));
-  block.push_back(g.repeat("reasoning-newlines", g.literal("\n"), 0, kMaxNewlinesAfterReasoning));
+  const bool calls = calls_after_open >= 0;
+  const std::vector<std::string> no_call = calls ? std::vector<std::string>{std::string(kCallOpen)} : std::vector<std::string>{};
+  Sequence open;
+  if (reasoning == Reasoning::optional_block) open = g.literal(kOpen);
   const int32_t root = g.add_rule(g.unique_name("root-with-reasoning"));
-  Sequence after = block;
-  after.push_back(Grammar::rule(answer));
-  g.add_alternative(root, std::move(after));
+  Sequence closed = open;
+  closed.push_back(g.text_until("reasoning", kClose, no_call, {}, /*may_stop=*/false));
+  closed.push_back(g.repeat("reasoning-newlines", g.literal("\n"), 0, kMaxNewlinesAfterReasoning));
+  closed.push_back(Grammar::rule(answer));
+  g.add_alternative(root, std::move(closed));
+  if (calls) {
+    Sequence called = open;
+    called.push_back(g.text_until("reasoning", kCallOpen, {std::string(kClose)}, {Grammar::rule(calls_after_open)},
+                                  /*may_stop=*/false));
+    g.add_alternative(root, std::move(called));
+  }
   if (reasoning == Reasoning::optional_block) g.add_alternative(root, {Grammar::rule(answer)});
   g.set_root(root);
   return body;
+}
+
+}  // namespace
+
+Grammar constraint_grammar(const ConstraintSpec& spec, Reasoning reasoning) {
+  int32_t calls_after_open = -1;
+  Grammar body = spec_grammar(spec, &calls_after_open);
+  return with_reasoning(std::move(body), reasoning, calls_after_open);
 }
 
 ConstraintCache::ConstraintCache(std::shared_ptr<const TokenTrie> trie, size_t capacity)
@@ -89,7 +105,7 @@ std::shared_ptr<GrammarMasks> ConstraintCache::get(const ConstraintSpec& spec, R
     }
   }
   // Compiled outside the lock: a large schema does not hold up requests that hit the cache.
-  auto compiled = std::make_shared<const CompiledGrammar>(with_reasoning(spec_grammar(spec), reasoning));
+  auto compiled = std::make_shared<const CompiledGrammar>(constraint_grammar(spec, reasoning));
   auto masks = std::make_shared<GrammarMasks>(std::move(compiled), trie_, stop_ids);
   std::lock_guard lock(mutex_);
   if (auto it = index_.find(key); it != index_.end()) return it->second->second;  // compiled twice at once

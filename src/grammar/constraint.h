@@ -35,10 +35,11 @@ struct ConstraintSpec {
 // block's text is free, except that it cannot contain "</think>" before its end.
 enum class Reasoning { none, optional_block, open };
 
-// The grammar of a spec (kind != none). Throws Error naming what is wrong with it.
-Grammar spec_grammar(const ConstraintSpec& spec);
-// `body` after the reasoning the model may write first.
-Grammar with_reasoning(Grammar body, Reasoning reasoning);
+// The grammar of a spec (kind != none) after the reasoning the model may write first. Tool calls
+// may also end an unclosed reasoning block: "<tool_call>" inside it starts the calls (models at
+// times call a tool without closing their reasoning, and the reasoning splitter reads it so).
+// Throws Error naming what is wrong with the spec.
+Grammar constraint_grammar(const ConstraintSpec& spec, Reasoning reasoning);
 
 // Compiled constraints over one vocabulary, the most recently used kept (a schema sent with every
 // request of an application compiles once, and its mask tables fill once). Thread-safe.

@@ -37,7 +37,7 @@ class ToolGrammar {
  public:
   explicit ToolGrammar(const ToolCallSpec& spec) : spec_(spec) {}
 
-  Grammar build() {
+  Grammar build(int32_t* calls_after_open) {
     QINFER_CHECK(!spec_.tools.empty(), "tool calls: at least one tool is needed");
     const int32_t call = g_.add_rule("call");
     for (const ToolSchema& tool : spec_.tools)
@@ -52,6 +52,10 @@ class ToolGrammar {
       calls.push_back(g_.repeat("more-calls", std::move(more), 0, -1));
     }
     calls.push_back(g_.optional("after-calls", g_.literal("\n")));
+    const int32_t after_open = g_.add_rule("calls-after-open");
+    g_.add_alternative(after_open, calls);
+    if (calls_after_open) *calls_after_open = after_open;
+    calls = {Grammar::rule(after_open)};
     const int32_t root = g_.add_rule("root");
     if (spec_.required) {
       Sequence all = g_.literal(kCallOpen);
@@ -205,7 +209,9 @@ class ToolGrammar {
 
 }  // namespace
 
-Grammar tool_call_grammar(const ToolCallSpec& spec) { return ToolGrammar(spec).build(); }
+Grammar tool_call_grammar(const ToolCallSpec& spec, int32_t* calls_after_open) {
+  return ToolGrammar(spec).build(calls_after_open);
+}
 
 std::string xml_parameter_type(const nlohmann::ordered_json* schema) {
   if (!schema) return "string";

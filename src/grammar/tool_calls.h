@@ -37,7 +37,9 @@ struct ToolCallSpec {
 };
 
 // Throws Error naming the tool's field for a strict schema the grammar cannot follow.
-Grammar tool_call_grammar(const ToolCallSpec& spec);
+// `calls_after_open`: set to the rule of the calls after the first "<tool_call>" (what the
+// reasoning block may lead into).
+Grammar tool_call_grammar(const ToolCallSpec& spec, int32_t* calls_after_open = nullptr);
 
 // How the XML format's parameter with this schema is written (nullptr: a parameter the schema does
 // not declare): "string" for raw text, else the JSON Schema type its value is read as ("" when the

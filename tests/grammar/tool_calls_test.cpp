@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "grammar/constraint.h"
 #include "grammar/json_schema.h"
 #include "grammar_test_util.h"
 
@@ -145,6 +146,28 @@ TEST(ToolCallGrammar, StrictToolsTheGrammarCannotFollowAreRefusedByField) {
   EXPECT_TRUE(fails_with([&] { tool_call_grammar(x); }, "xml pattern", {"tools[0].function.parameters", "pattern", "id"}));
   x.tools[0].parameters = Json::parse(R"({"anyOf": [{"type": "object"}]})");
   EXPECT_TRUE(fails_with([&] { tool_call_grammar(x); }, "xml anyOf", {"tools[0]", "properties"}));
+}
+
+// Reasoning stays free before the calls, and a call may also end a block the model never closed.
+TEST(ToolCallGrammar, ReasoningBeforeCallsAndCallsThatEndIt) {
+  ConstraintSpec c;
+  c.kind = ConstraintSpec::Kind::tool_calls;
+  c.tool_calls = spec(ToolCallSyntax::hermes, /*required=*/true);
+  const std::string call = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  const Grammar open = constraint_grammar(c, Reasoning::open);
+  EXPECT_TRUE(matches(open, "I should check the time.\n</think>\n\n" + call));
+  EXPECT_TRUE(matches(open, "I should check the time.\n" + call));  // the call ends the reasoning
+  EXPECT_FALSE(matches(open, "Thinking.\n</think>\n\nIt is noon."));
+  EXPECT_FALSE(matches(open, "Thinking.\n<tool_call>\n{\"name\": \"later\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(matches(open, "a </think> b " + call));  // text between the close and the call
+  const Grammar optional = constraint_grammar(c, Reasoning::optional_block);
+  EXPECT_TRUE(matches(optional, call));
+  EXPECT_TRUE(matches(optional, "<think>\nHm.\n</think>\n\n" + call));
+  EXPECT_TRUE(matches(optional, "<think>\nHm. " + call));
+  // Other constraints keep "<tool_call>" as reasoning text.
+  ConstraintSpec json;
+  json.kind = ConstraintSpec::Kind::json_object;
+  EXPECT_TRUE(matches(constraint_grammar(json, Reasoning::open), "a <tool_call> b</think>\n{}"));
 }
 
 TEST(ToolCallGrammar, XmlParameterTypesAgreeWithTheParser) {

@@ -234,7 +234,7 @@ TEST(LiveServer, StructuredOutputsValidateOnRealVocabularies) {
   ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / "ajv-formats" / "package.json"))
       << "the ajv npm package is missing: run scripts/fetch-test-data.sh";
   ASSERT_TRUE(fs::exists(qwen3_tokenizer_dir() / "tokenizer.json")) << "run scripts/fetch-test-data.sh";
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(QINFER_SANITIZE)
   const std::string demo_env = "QINFER_CORPUS_SEEDS=1 QINFER_CORPUS_EVERY=4", qwen3_env = demo_env;
 #else
   const std::string demo_env = "QINFER_CORPUS_SEEDS=3", qwen3_env = "QINFER_CORPUS_SEEDS=1";
