@@ -179,9 +179,11 @@ async def one(client, model, args):
             "stream_options": {"include_usage": True}}
     if args.ignore_eos == "true":
         body["ignore_eos"] = True  # vLLM's extension field: every request generates max_tokens
-    body.update(args.extra_body)  # e.g. a structured-output constraint
+    extra = dict(args.extra_body)
+    leading = extra.pop("messages", [])  # e.g. a system message, put before each request's own
+    body.update(extra)  # e.g. a structured-output constraint
     if args.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": f"Continue this list: {words}"}]
+        body["messages"] = leading + [{"role": "user", "content": f"Continue this list: {words}"}]
     else:
         body["prompt"] = f"Continue this list: {words}"
     start = time.perf_counter()
@@ -320,7 +322,8 @@ def parse_args():
                    help="send ignore_eos so every request generates max_tokens (default %(default)s)")
     p.add_argument("--json", action="store_true", help="one JSON object per level instead of the table")
     p.add_argument("--extra-body", type=json.loads, default={},
-                   help='JSON object merged into every request body, e.g. \'{"guided_grammar": "root ::= [a-z ]+"}\'')
+                   help='JSON object merged into every request body, e.g. \'{"guided_grammar": "root ::= [a-z ]+"}\'; '
+                        'its "messages" go before each request\'s user message')
     args = p.parse_args()
     if args.requests is not None and args.requests <= 0:
         p.error("--requests: expected a positive integer")
