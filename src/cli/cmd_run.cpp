@@ -10,6 +10,7 @@
 #include "cli/generation_options.h"
 #include "core/error.h"
 #include "grammar/constraint.h"
+#include "io/json.h"
 #include "tokenizer/utf8.h"
 
 namespace qinfer::cli {
@@ -70,6 +71,7 @@ void add_run_command(CLI::App& app) {
     if (!o->json_schema.empty()) {
       spec.kind = grammar::ConstraintSpec::Kind::json_schema, flag = "--json-schema";
       const std::string text = read_text(o->json_schema, "--json-schema");
+      if (io::json_too_deep(text)) fail("--json-schema {}: nested deeper than {} levels", o->json_schema, io::kMaxJsonDepth);
       try {
         spec.schema = nlohmann::ordered_json::parse(text);
       } catch (const nlohmann::json::parse_error& e) {

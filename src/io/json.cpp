@@ -16,13 +16,61 @@ std::string describe(const json& value) {
 
 }  // namespace
 
+std::optional<std::string> json_too_deep(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false, expect_key = false, capturing = false;
+  std::string key;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = capturing = false;
+        continue;
+      }
+      if (capturing && key.size() < 256) key += c;
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        capturing = depth == 1 && expect_key;
+        if (capturing) key.clear();
+        break;
+      case '{':
+      case '[':
+        if (++depth > max_depth) return depth == 1 ? std::string() : key;
+        if (depth == 1) expect_key = c == '{';
+        break;
+      case '}':
+      case ']':
+        --depth;
+        break;
+      case ',':
+        if (depth == 1) expect_key = true;
+        break;
+      case ':':
+        if (depth == 1) expect_key = false;
+        break;
+      default:
+        break;
+    }
+  }
+  return std::nullopt;
+}
+
 json read_json_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   QINFER_CHECK(in.good(), "{}: cannot open file", path.string());
   std::stringstream buffer;
   buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  if (const auto key = json_too_deep(text))
+    fail("{}: {}nested deeper than {} levels", path.string(), key->empty() ? "" : *key + ": ", kMaxJsonDepth);
   try {
-    return json::parse(buffer.str());
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     fail("{}: malformed JSON at byte {}: {}", path.string(), e.byte, e.what());
   }

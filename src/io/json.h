@@ -14,7 +14,16 @@ namespace qinfer::io {
 
 using json = nlohmann::json;
 
-// Parses a whole JSON file; errors name the file and the parse position.
+// Arrays and objects nested deeper than this are refused before parsing: nlohmann's copy, dump and
+// comparison recurse once per level, and a value 100,000 deep overflows the stack.
+inline constexpr int kMaxJsonDepth = 128;
+
+// Where `text` nests deeper than `max_depth` (a top-level object's members are at depth 1): the key
+// of the top-level member it happens under ("" outside one); nullopt when it does not. A linear scan
+// that needs no valid JSON: run it before parsing.
+std::optional<std::string> json_too_deep(std::string_view text, int max_depth = kMaxJsonDepth);
+
+// Parses a whole JSON file; errors name the file and the parse position (or the depth).
 json read_json_file(const std::filesystem::path& path);
 
 // A view of one JSON object at a path inside a named document.

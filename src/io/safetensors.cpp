@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "io/json.h"
 
 namespace qinfer::io {
 
@@ -68,6 +69,9 @@ class KeyChecker : public json::json_sax_t {
 };
 
 json parse_json_unique_keys(std::string_view text, std::string_view label, std::string_view what) {
+  if (const auto key = json_too_deep(text))
+    fail("{}: {}{} is nested deeper than {} levels", label, key->empty() ? "" : "'" + *key + "' in the ", what,
+         kMaxJsonDepth);
   KeyChecker checker;
   if (!json::sax_parse(text.begin(), text.end(), &checker)) {
     if (!checker.syntax_error.empty())

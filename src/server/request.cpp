@@ -4,6 +4,8 @@
 #include <limits>
 #include <set>
 
+#include "io/json.h"
+
 namespace qinfer::server {
 namespace {
 
@@ -105,6 +107,8 @@ void refuse_unsupported(const json& body) {
 json schema_value(const json& v, const std::string& path) {
   if (v.is_object() || v.is_boolean()) return v;
   if (v.is_string()) {
+    if (io::json_too_deep(v.get_ref<const std::string&>()))
+      bad_request(path, "{}: nested deeper than {} levels", path, io::kMaxJsonDepth);
     try {
       return json::parse(v.get_ref<const std::string&>());
     } catch (const json::parse_error& e) {
@@ -289,6 +293,9 @@ json parse_tool_calls(const json& calls, const std::string& path) {
       bad_request(p + ".function.arguments", "{}.function.arguments: expected a JSON string or an object, got {}", p,
                   type_name(*arguments));
     if (arguments && arguments->is_string()) {
+      if (io::json_too_deep(arguments->get_ref<const std::string&>()))
+        bad_request(p + ".function.arguments", "{}.function.arguments: nested deeper than {} levels", p,
+                    io::kMaxJsonDepth);
       const json parsed = json::parse(arguments->get<std::string>(), nullptr, false);
       if (parsed.is_discarded() || !parsed.is_object())
         bad_request(p + ".function.arguments", "{}.function.arguments: not a JSON object", p);
@@ -417,6 +424,9 @@ void parse_tools(const json& body, ChatRequest& r) {
 
 json parse_body(std::string_view body) {
   if (body.empty()) bad_request("", "the request body is empty; expected a JSON object");
+  if (const auto key = io::json_too_deep(body))
+    bad_request(*key, "{}nested deeper than {} levels", key->empty() ? "the request body is " : *key + ": ",
+                io::kMaxJsonDepth);
   json value;
   try {
     value = json::parse(body);          // rejects ill-formed UTF-8 inside strings

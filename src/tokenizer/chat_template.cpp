@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json.h"
 #include "tokenizer/jinja/pystr.h"
 #include "tokenizer/utf8.h"
 
@@ -24,8 +25,10 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 ordered_json read_json(const std::filesystem::path& path) {
+  const std::string text = read_file(path);
+  if (io::json_too_deep(text)) fail("{}: nested deeper than {} levels", path.string(), io::kMaxJsonDepth);
   try {
-    return ordered_json::parse(read_file(path));
+    return ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not valid JSON: {}", path.string(), e.what());
   }
@@ -108,6 +111,9 @@ ordered_json normalized_messages(const ordered_json& request) {
         ordered_json& function = call["function"];
         if (!function.contains("arguments") || !function["arguments"].is_string()) continue;
         const std::string text = function["arguments"].get<std::string>();
+        if (io::json_too_deep(text))
+          fail("request: messages[{}].tool_calls[{}].function.arguments: nested deeper than {} levels", i, k,
+               io::kMaxJsonDepth);
         try {
           function["arguments"] = text.empty() ? ordered_json::object() : ordered_json::parse(text);
         } catch (const nlohmann::json::exception& e) {

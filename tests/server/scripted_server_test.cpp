@@ -366,6 +366,36 @@ TEST(ScriptedServer, ChatLogprobsAndSamplingReachTheGenerator) {
 
 // Bodies a server meets in the wild; each must get a 4xx with an error body, and the server must
 // keep serving.
+// JSON nested 100,000 deep inside a request's values (not only at its top) is a 400 naming the
+// field, and the server goes on serving: nlohmann's recursive copy and dump would overflow the stack.
+TEST(ScriptedServer, DeeplyNestedValuesAre400NamingTheirField) {
+  ScriptedServer s;
+  s.generator.set_script({{"ok"}});
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
+  const std::string call_messages =
+      R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": ")" +
+      std::string(100000, '[') + R"("}}]}, {"role": "tool", "tool_call_id": "c", "content": "x"}])";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{" + messages + R"(, "chat_template_kwargs": {"x": )" + deep + "}}", "chat_template_kwargs"},
+      {"{" + messages + R"(, "documents": )" + deep + "}", "documents"},
+      {"{" + messages + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"a": )" +
+           deep + "}}}}",
+       "response_format"},
+      {"{" + messages + R"(, "guided_json": ")" + std::string(100000, '[') + "\"}", "guided_json"},
+      {"{" + call_messages + "}", "messages[1].tool_calls[0].function.arguments"},
+  };
+  for (const auto& [body, field] : cases) {
+    const HttpResponse r = fetch(s.port, "POST", "/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 400) << field;
+    EXPECT_THAT(r.body, HasSubstr(field)) << r.body.substr(0, 300);
+    EXPECT_THAT(r.body, HasSubstr("nested deeper than 128 levels")) << r.body.substr(0, 300);
+  }
+  const std::string ok = std::string(126, '[') + std::string(126, ']');  // 128 levels with the two objects
+  EXPECT_EQ(fetch(s.port, "POST", "/v1/chat/completions", "{" + messages + R"(, "chat_template_kwargs": {"x": )" + ok + "}}").status,
+            200);
+}
+
 TEST(ScriptedServer, MalformedRequestCorpus) {
   ScriptedServer s;
   s.generator.set_script({{"ok"}});
