@@ -227,6 +227,8 @@ void Engine::Impl::validate(const RequestParams& p) const {
                "request: the prompt has {} tokens but the context limit is {} (prompt + completion)", L,
                options.max_context);
   QINFER_CHECK(p.max_tokens >= 1, "request: max_tokens must be at least 1, got {}", p.max_tokens);
+  QINFER_CHECK(p.min_tokens >= 0 && p.min_tokens <= p.max_tokens,
+               "request: min_tokens must be between 0 and max_tokens ({}), got {}", p.max_tokens, p.min_tokens);
   QINFER_CHECK(p.n >= 1 && p.n <= options.max_running,
                "request: n must be between 1 and {} (the engine's max_running), got {}", options.max_running, p.n);
   QINFER_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20,
@@ -456,13 +458,14 @@ void Engine::Impl::process(Output& out) {
     try {
       ++c.completion_tokens;
       c.cached_prompt_tokens = t.cached_prompt_tokens;
-      if (!c.text) c.text.emplace(tokenizer, r.params.stop);
+      if (!c.text) c.text.emplace(tokenizer, r.params.stop, r.params.include_stop_str);
       if (t.stop_id) {
         if (std::string rest = c.text->finish(); !rest.empty()) emit(r, Event{Event::Kind::delta, t.choice, std::move(rest)});
         finish_choice(r, t.choice, "stop", "");
         continue;
       }
-      Event delta{Event::Kind::delta, t.choice, c.text->push(t.token), {t.token}};
+      Event delta{Event::Kind::delta, t.choice, c.text->push(t.token, c.completion_tokens >= r.params.min_tokens),
+                  {t.token}};
       if (r.params.top_logprobs >= 0)
         delta.logprobs.push_back(
             logprob_of(out.logits.ptr<float>() + int64_t{t.row} * vocab, vocab, t.token, r.params.top_logprobs));
@@ -555,7 +558,7 @@ std::optional<uint64_t> Engine::submit(RequestParams params, EventSink sink) {
   auto request = std::make_shared<Impl::Request>();
   request->choices.resize(static_cast<size_t>(params.n));
   request->unfinished = params.n;
-  request->limits = {params.max_tokens, options_.max_context, params.stop_ids};
+  request->limits = {params.max_tokens, options_.max_context, params.stop_ids, params.min_tokens};
   request->params = std::move(params);
   request->sink = std::move(sink);
   uint64_t id = 0;

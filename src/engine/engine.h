@@ -62,7 +62,11 @@ struct RequestParams {
   int32_t max_tokens = 256;      // completion tokens per choice
   int32_t n = 1;                 // choices sampled from the same prompt
   std::vector<std::string> stop;     // stop strings: output ends before the first match
+  bool include_stop_str = false;     // the matched stop string ends the output instead
   std::vector<int32_t> stop_ids;     // token ids that end a choice (not part of the output)
+  // Completion tokens before a choice may end: stop ids are masked out and stop strings not
+  // matched until then (a grammar that is complete still ends it).
+  int32_t min_tokens = 0;
   int32_t top_logprobs = -1;     // -1: no logprobs; 0..20: the chosen token's logprob and this many alternatives
   // Constrained decoding (structured outputs): every choice's output follows this grammar, whose
   // masks allow stop_ids once it can end; a choice whose grammar is complete stops there. Null: free.

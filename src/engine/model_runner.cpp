@@ -188,19 +188,38 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
 
 ModelRunner::GrammarRows ModelRunner::grammar_rows(const StepPlan& plan, const std::vector<size_t>& sampling,
                                                    int64_t V) {
+  // A row is masked when its grammar says what may follow, or when it may not end yet (min_tokens).
+  auto too_early = [](const Sequence& s) {
+    return !s.limits->stop_ids.empty() && s.generated() < s.limits->min_tokens;
+  };
   std::vector<int32_t> rows;
-  for (size_t r : sampling)
-    if (plan.chunks[r].sequence->constraint) rows.push_back(static_cast<int32_t>(r));
+  for (size_t r : sampling) {
+    const Sequence& s = *plan.chunks[r].sequence;
+    if (s.constraint || too_early(s)) rows.push_back(static_cast<int32_t>(r));
+  }
   if (rows.empty()) return {};
   const int64_t words = (V + 31) / 32, R = static_cast<int64_t>(rows.size());
   Tensor allowed = host_tensor(DType::u32, {R, words});
   for (int64_t i = 0; i < R; ++i) {
-    // The mask covers the tokenizer's ids; logits columns past them (none, after text_logits) stay out.
-    const grammar::TokenBits& mask = plan.chunks[rows[i]].sequence->constraint->mask();
+    const Sequence& s = *plan.chunks[rows[i]].sequence;
     uint32_t* dst = allowed.ptr<uint32_t>() + i * words;
-    const int64_t n = std::min<int64_t>(words, static_cast<int64_t>(mask.size()));
-    std::copy_n(mask.begin(), n, dst);
-    std::fill(dst + n, dst + words, 0u);
+    if (s.constraint) {
+      // The mask covers the tokenizer's ids; logits columns past them (none, after text_logits) stay out.
+      const grammar::TokenBits& mask = s.constraint->mask();
+      const int64_t n = std::min<int64_t>(words, static_cast<int64_t>(mask.size()));
+      std::copy_n(mask.begin(), n, dst);
+      std::fill(dst + n, dst + words, 0u);
+    } else {
+      std::fill(dst, dst + words, ~0u);
+      if (V % 32) dst[words - 1] = (1u << (V % 32)) - 1;
+    }
+    if (too_early(s)) {
+      // Stop ids out, unless they are all the grammar allows (a complete grammar ends the choice).
+      std::vector<uint32_t> kept(dst, dst + words);
+      for (const int32_t id : s.limits->stop_ids)
+        if (id >= 0 && id < V) kept[static_cast<size_t>(id / 32)] &= ~(1u << (id % 32));
+      if (std::any_of(kept.begin(), kept.end(), [](uint32_t w) { return w != 0; })) std::copy(kept.begin(), kept.end(), dst);
+    }
   }
   Tensor row_ids = host_tensor(DType::i32, {R});
   std::copy(rows.begin(), rows.end(), row_ids.ptr<int32_t>());

@@ -1,19 +1,24 @@
 #include "engine/text_stream.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace qinfer::engine {
 
-TextStream::TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop)
-    : decoder_(tokenizer), stop_(std::move(stop)) {}
+TextStream::TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop, bool include_stop)
+    : decoder_(tokenizer), stop_(std::move(stop)), include_stop_(include_stop) {}
 
-std::string TextStream::push(int32_t token) {
+std::string TextStream::push(int32_t token, bool may_stop) {
   pending_ += decoder_.push(token);
-  size_t end = std::string::npos;  // the earliest match of any stop string
-  for (const std::string& s : stop_) end = std::min(end, pending_.find(s));
+  if (!may_stop) return std::exchange(pending_, {});
+  size_t end = std::string::npos, length = 0;  // the earliest match of any stop string (the longest there)
+  for (const std::string& s : stop_) {
+    const size_t at = pending_.find(s);
+    if (at < end || (at == end && at != std::string::npos && s.size() > length)) end = at, length = s.size();
+  }
   if (end != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, end);
+    std::string out = pending_.substr(0, include_stop_ ? end + length : end);
     pending_.clear();
     return out;
   }

@@ -14,11 +14,13 @@ namespace qinfer::engine {
 
 class TextStream {
  public:
-  TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop);
+  // `include_stop`: a matched stop string ends the text rather than being cut from it.
+  TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop, bool include_stop = false);
 
   // The text that became final with this token. When it completes a stop string, stopped() turns
-  // true and the text ends right before the match; push no further tokens then.
-  std::string push(int32_t token);
+  // true and the text ends right before the match (or with it); push no further tokens then.
+  // `may_stop` false (before min_tokens): stop strings are not looked for, and no text waits on them.
+  std::string push(int32_t token, bool may_stop = true);
   // The held-back rest (and any unfinished UTF-8 bytes, as U+FFFD) when the stream ends without a
   // stop string: at max_tokens, the context limit or a stop id.
   std::string finish();
@@ -27,6 +29,7 @@ class TextStream {
  private:
   tokenizer::StreamDecoder decoder_;
   std::vector<std::string> stop_;
+  bool include_stop_;
   std::string pending_;  // decoded text not yet final (may begin a stop string)
   bool stopped_ = false;
 };

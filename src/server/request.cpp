@@ -242,6 +242,17 @@ void parse_common(const json& body, const SamplingParams& defaults, const Reques
     for (const std::string& s : r.stop)
       if (s.empty()) bad_request("stop", "stop: stop strings must not be empty");
   }
+  if (const json* v = get(body, "include_stop_str_in_output"))
+    r.include_stop_str = boolean(*v, "include_stop_str_in_output");
+  if (const json* v = get(body, "stop_token_ids"); v && !v->is_null()) {
+    if (!v->is_array()) bad_request("stop_token_ids", "stop_token_ids: expected an array of token ids, got {}", type_name(*v));
+    if (static_cast<int64_t>(v->size()) > limits.max_stop)
+      bad_request("stop_token_ids", "stop_token_ids: at most {} ids, got {}", limits.max_stop, v->size());
+    for (size_t i = 0; i < v->size(); ++i)
+      r.stop_token_ids.push_back(
+          static_cast<int32_t>(integer((*v)[i], fmt::format("stop_token_ids[{}]", i), 0, kInt32Max)));
+  }
+  if (const json* v = get(body, "min_tokens")) r.min_tokens = static_cast<int32_t>(integer(*v, "min_tokens", 0, kInt32Max));
   if (const json* v = get(body, "user")) string(*v, "user");
   if (const json* v = get(body, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");
   if (const json* v = get(body, "return_token_ids")) r.return_token_ids = boolean(*v, "return_token_ids");

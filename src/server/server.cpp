@@ -470,7 +470,20 @@ engine::RequestParams Server::Impl::params_for(const GenerationRequest& r, std::
   params.max_tokens = static_cast<int32_t>(r.max_tokens.value_or(model.max_context - p));
   params.n = r.n;
   params.stop = r.stop;
+  params.include_stop_str = r.include_stop_str;
   if (!r.ignore_eos) params.stop_ids = model.stop_ids;
+  const int32_t vocab = model.tokenizer->vocab_size();
+  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
+    const int32_t id = r.stop_token_ids[i];
+    if (id >= vocab)
+      bad_request("stop_token_ids", "stop_token_ids[{}]: token id {} is outside the vocabulary (0 to {})", i, id,
+                  vocab - 1);
+    if (std::find(params.stop_ids.begin(), params.stop_ids.end(), id) == params.stop_ids.end())
+      params.stop_ids.push_back(id);
+  }
+  params.min_tokens = r.min_tokens;
+  if (r.min_tokens > params.max_tokens)
+    bad_request("min_tokens", "min_tokens: {} is more than max_tokens ({})", r.min_tokens, params.max_tokens);
   params.top_logprobs = r.top_logprobs;
   if (r.constraint.kind != grammar::ConstraintSpec::Kind::none)
     params.constraint = constraint_for(r, reasoning, params.stop_ids);

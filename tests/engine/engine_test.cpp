@@ -643,6 +643,55 @@ class RecordingOps final : public PoisonOps {
 // Decode steps padded up to the recorded batch sizes (1, 2, 4, 8, 10 here: 5 decodes run as 8) give each
 // request the tokens of its run alone, the padding rows on slots of their own; every decode step while
 // serving replays a key recorded at start-up.
+// min_tokens: stop ids are masked out and stop strings not matched before that many completion
+// tokens; include_stop_str keeps the matched stop string in the text.
+TEST(Engine, MinTokensAndIncludedStopStrings) {
+  models::Model& m = fixture_model("qwen3");
+  const std::vector<int32_t> prompt = make_prompt(11, 77);
+  RequestParams base = greedy(prompt, 24);
+  const testing::Single full = run_alone(m, base);
+  ASSERT_EQ(full.tokens.size(), 24u);
+  // Every id of the first four tokens stops the choice at once, unless min_tokens holds it.
+  RequestParams early = base;
+  early.stop_ids = std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + 4);
+  RequestParams held = early;
+  held.min_tokens = 10;
+  // A stop string that first occurs in the first tokens' text, and the same with min_tokens past it.
+  std::string stop = full.text.substr(2, 2);
+  RequestParams by_string = base;
+  by_string.stop = {stop};
+  by_string.include_stop_str = true;
+  RequestParams string_held = by_string;
+  string_held.min_tokens = 20;
+
+  Recorder rec(4);
+  {
+    Engine s(m, test_tokenizer(), {.block_size = 4, .max_running = 4, .max_context = 128});
+    ASSERT_TRUE(s.submit(early, rec.sink(0)));
+    ASSERT_TRUE(s.submit(held, rec.sink(1)));
+    ASSERT_TRUE(s.submit(by_string, rec.sink(2)));
+    ASSERT_TRUE(s.submit(string_held, rec.sink(3)));
+    ASSERT_TRUE(rec.wait());
+    expect_all_free(s);
+  }
+  EXPECT_EQ(rec[0].finished[0].finish_reason, "stop");
+  EXPECT_EQ(rec[0].tokens[0], std::vector<int32_t>{});  // the first token is a stop id
+  ASSERT_GE(rec[1].tokens[0].size(), 10u);
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_EQ(std::count(early.stop_ids.begin(), early.stop_ids.end(), rec[1].tokens[0][i]), 0) << "token " << i;
+  // With the stop string kept: the text up to and including its first match.
+  EXPECT_EQ(rec[2].finished[0].finish_reason, "stop");
+  EXPECT_EQ(rec[2].text[0], full.text.substr(0, full.text.find(stop) + stop.size()));
+  // Not matched in the first 20 tokens' text: the choice runs on past it.
+  ASSERT_GE(rec[3].tokens[0].size(), 20u);
+  EXPECT_EQ(rec[3].text[0].substr(0, 6), full.text.substr(0, 6));
+
+  RequestParams bad = base;
+  bad.min_tokens = 25;
+  Engine s(m, test_tokenizer(), {.block_size = 4, .max_running = 4, .max_context = 128});
+  EXPECT_THROW(s.submit(bad, rec.sink(0)), Error);
+}
+
 TEST(Engine, PaddedDecodeStepsGiveTheTokensOfUnpaddedRuns) {
   models::Checkpoint checkpoint = models::open_checkpoint(testing::kGolden / "qwen3_5");
   std::unique_ptr<Ops> cpu = make_cpu_ops(global_thread_pool());

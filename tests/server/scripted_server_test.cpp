@@ -255,6 +255,33 @@ TEST(ScriptedServer, ToolChoiceConstrainsTheAnswer) {
   EXPECT_THAT(r.body, HasSubstr("tools[0].function.strict"));
 }
 
+// vLLM's stop_token_ids, min_tokens and include_stop_str_in_output reach the engine (which applies
+// them: tests/engine), and bad values are 400s naming them.
+TEST(ScriptedServer, StopTokenIdsMinTokensAndIncludedStopStrings) {
+  ScriptedServer s;
+  s.generator.set_script({{"ok"}});
+  json body = chat_body(false);
+  body["stop_token_ids"] = {5, 7, 5};
+  body["min_tokens"] = 3;
+  body["max_tokens"] = 10;
+  body["include_stop_str_in_output"] = true;
+  ASSERT_EQ(s.post("/v1/chat/completions", body).status, 200);
+  const engine::RequestParams p = s.generator.submitted().back();
+  EXPECT_EQ(std::count(p.stop_ids.begin(), p.stop_ids.end(), 5), 1);
+  EXPECT_EQ(std::count(p.stop_ids.begin(), p.stop_ids.end(), 7), 1);
+  EXPECT_EQ(p.min_tokens, 3);
+  EXPECT_TRUE(p.include_stop_str);
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"stop_token_ids", json{-1}}, {"stop_token_ids", json{999999}}, {"stop_token_ids", "5"},
+           {"min_tokens", 11}, {"min_tokens", -1}, {"include_stop_str_in_output", "yes"}}) {
+    json bad = body;
+    bad[field] = value;
+    const HttpResponse r = s.post("/v1/chat/completions", bad);
+    EXPECT_EQ(r.status, 400) << field << " " << value.dump();
+    EXPECT_THAT(r.body, HasSubstr(field)) << r.body;
+  }
+}
+
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
   ScriptedServer s;
   s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
