@@ -98,6 +98,41 @@ void refuse_unsupported(const json& body) {
   for (const char* key : {"guided_decoding_backend", "guided_whitespace_pattern"})
     if (get(body, key))
       bad_request(key, "{}: not supported (this server has one grammar engine, and JSON whitespace is bounded)", key);
+  // Peer fields (vLLM's sampling parameters, OpenAI's request options) this server does not
+  // implement: refused unless they hold their default, which changes nothing.
+  struct Default {
+    const char* key;
+    json value;  // the value that asks for nothing (null: absent or null only)
+    const char* why;
+  };
+  static const std::vector<Default> kUnimplemented = {
+      {"use_beam_search", false, "beam search is not implemented"},
+      {"length_penalty", 1.0, "length_penalty applies to beam search, which is not implemented"},
+      {"prompt_logprobs", nullptr, "prompt logprobs are not implemented"},
+      {"allowed_token_ids", nullptr, "allowed_token_ids is not implemented; a guided_choice or grammar constrains output"},
+      {"bad_words", nullptr, "bad_words is not implemented"},
+      {"logits_processors", nullptr, "logits processors are not supported"},
+      {"truncate_prompt_tokens", nullptr, "prompt truncation is not implemented: shorten the prompt"},
+      {"skip_special_tokens", true, "special tokens are always left out of the text"},
+      {"spaces_between_special_tokens", true, "special tokens are always left out of the text"},
+      {"priority", 0, "request priorities are not implemented"},
+      {"prediction", nullptr, "predicted outputs are not implemented"},
+      {"audio", nullptr, "audio output is not supported"},
+      {"web_search_options", nullptr, "web search is not supported"},
+      {"reasoning_effort", nullptr, "Qwen models have no reasoning effort; send chat_template_kwargs.enable_thinking"},
+      {"store", false, "stored completions are not supported"},
+      {"metadata", nullptr, "metadata is kept only for stored completions, which are not supported"},
+  };
+  for (const Default& d : kUnimplemented) {
+    const json* v = get(body, d.key);
+    if (!v || (!d.value.is_null() && *v == d.value)) continue;
+    if (d.value.is_null() && ((v->is_array() || v->is_object()) && v->empty())) continue;
+    bad_request(d.key, "{}: not supported ({})", d.key, d.why);
+  }
+  if (const json* v = get(body, "modalities"); v && *v != json::array({"text"}))
+    bad_request("modalities", "modalities: only [\"text\"] is supported");
+  if (const json* v = get(body, "service_tier"); v && *v != "auto" && *v != "default")
+    bad_request("service_tier", "service_tier: only \"auto\" or \"default\" (one tier here)");
   if (get(body, "functions") || get(body, "function_call"))
     bad_request(get(body, "functions") ? "functions" : "function_call",
                 "functions / function_call are deprecated and not supported; use tools and tool_choice");
@@ -252,6 +287,7 @@ void parse_common(const json& body, const SamplingParams& defaults, const Reques
       r.stop_token_ids.push_back(
           static_cast<int32_t>(integer((*v)[i], fmt::format("stop_token_ids[{}]", i), 0, kInt32Max)));
   }
+  if (const json* v = get(body, "add_special_tokens")) r.add_special_tokens = boolean(*v, "add_special_tokens");
   if (const json* v = get(body, "min_tokens")) r.min_tokens = static_cast<int32_t>(integer(*v, "min_tokens", 0, kInt32Max));
   if (const json* v = get(body, "user")) string(*v, "user");
   if (const json* v = get(body, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");

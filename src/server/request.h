@@ -35,6 +35,9 @@ struct GenerationRequest {
   bool include_stop_str = false;        // vLLM's include_stop_str_in_output
   std::vector<int32_t> stop_token_ids;  // vLLM's: ids that end a choice besides the model's own
   int32_t min_tokens = 0;               // vLLM's: completion tokens before a choice may end
+  // vLLM's: the tokenizer's special tokens around the prompt (default: off for chat, whose template
+  // writes them; on for completions).
+  std::optional<bool> add_special_tokens;
   int32_t top_logprobs = -1;  // -1: no logprobs
   bool ignore_eos = false;    // vLLM's extension: generate max_tokens whatever the model's end token
   // vLLM's extension: the response carries the prompt's token ids and each choice's generated ids

@@ -543,7 +543,7 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& bo
   session->use_chat_output(output);
   std::vector<engine::RequestParams> params;
   params.push_back(
-      params_for(r, model.tokenizer->encode(prompt, /*add_special_tokens=*/false), "messages", reasoning));
+      params_for(r, model.tokenizer->encode(prompt, r.add_special_tokens.value_or(false)), "messages", reasoning));
   session->submit(std::move(params));
   return session;
 }
@@ -561,7 +561,7 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::completion_session(const js
         if (id >= vocab)
           bad_request(field, "{}: token id {} is outside the vocabulary (0 to {})", field, id, vocab - 1);
     } else {
-      ids = model.tokenizer->encode(r.prompts[i].text, /*add_special_tokens=*/true);
+      ids = model.tokenizer->encode(r.prompts[i].text, r.add_special_tokens.value_or(true));
     }
     params.push_back(params_for(r, std::move(ids), field));
   }

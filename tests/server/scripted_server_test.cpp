@@ -282,6 +282,33 @@ TEST(ScriptedServer, StopTokenIdsMinTokensAndIncludedStopStrings) {
   }
 }
 
+// Peer fields the server does not implement are 400s naming them, unless they ask for the default.
+TEST(ScriptedServer, UnimplementedPeerFieldsAreRefusedUnlessDefault) {
+  ScriptedServer s;
+  s.generator.set_script({{"ok"}});
+  const std::vector<std::pair<std::string, json>> refused = {
+      {"use_beam_search", true},         {"length_penalty", 0.5},          {"prompt_logprobs", 1},
+      {"allowed_token_ids", {1, 2}},     {"bad_words", {"x"}},             {"logits_processors", {"p"}},
+      {"truncate_prompt_tokens", 10},    {"skip_special_tokens", false},   {"spaces_between_special_tokens", false},
+      {"priority", 1},                   {"prediction", {{"type", "content"}}}, {"audio", {{"voice", "x"}}},
+      {"web_search_options", json::object({{"a", 1}})}, {"reasoning_effort", "low"}, {"store", true},
+      {"metadata", {{"k", "v"}}},        {"modalities", {"text", "audio"}}, {"service_tier", "flex"}};
+  for (const auto& [field, value] : refused) {
+    json body = chat_body(false);
+    body[field] = value;
+    const HttpResponse r = s.post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 400) << field;
+    EXPECT_THAT(r.body, HasSubstr(field)) << r.body;
+  }
+  const std::vector<std::pair<std::string, json>> defaults = {
+      {"use_beam_search", false}, {"length_penalty", 1}, {"prompt_logprobs", nullptr}, {"allowed_token_ids", json::array()},
+      {"skip_special_tokens", true}, {"priority", 0}, {"store", false}, {"modalities", {"text"}},
+      {"service_tier", "auto"}, {"add_special_tokens", false}};
+  json body = chat_body(false);
+  for (const auto& [field, value] : defaults) body[field] = value;
+  EXPECT_EQ(s.post("/v1/chat/completions", body).status, 200);
+}
+
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
   ScriptedServer s;
   s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
