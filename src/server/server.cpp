@@ -41,6 +41,8 @@ class HttpServer : public httplib::Server {
 enum class Endpoint { chat, completion };
 
 void send_error(httplib::Response& res, const ApiError& e) {
+  // A client's mistake is worth a line for whoever debugs the client, not a warning.
+  if (e.status < 500 && log_level() <= LogLevel::debug) log_debug("{} {}", e.status, dump(e.body()));
   res.status = e.status;
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
   res.set_content(dump(e.body()), "application/json");

@@ -178,10 +178,11 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir) {
   const auto config_path = dir / "tokenizer_config.json";
   ordered_json config = std::filesystem::exists(config_path) ? read_json(config_path) : ordered_json::object();
   const auto jinja_path = dir / "chat_template.jinja";
-  if (std::filesystem::exists(jinja_path)) return ChatTemplate(read_file(jinja_path), jinja_path.string(), config);
+  // Origins name files inside the model folder: render errors reach clients, which need no server paths.
+  if (std::filesystem::exists(jinja_path)) return ChatTemplate(read_file(jinja_path), "chat_template.jinja", config);
   if (config.contains("chat_template")) {
     const ordered_json& t = config["chat_template"];
-    const std::string origin = config_path.string() + "[chat_template]";
+    const std::string origin = "tokenizer_config.json[chat_template]";
     if (t.is_string()) return ChatTemplate(t.get<std::string>(), origin, config);
     QINFER_CHECK(t.is_array(), "{}: expected a string or a list of {{name, template}}, got {}", origin, json_type(t));
     std::vector<std::pair<std::string, std::string>> named;
@@ -198,7 +199,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir) {
     const ordered_json processor = read_json(processor_path);
     QINFER_CHECK(processor.contains("chat_template") && processor["chat_template"].is_string(),
                  "{}: missing a string \"chat_template\"", processor_path.string());
-    return ChatTemplate(processor["chat_template"].get<std::string>(), processor_path.string(), config);
+    return ChatTemplate(processor["chat_template"].get<std::string>(), "chat_template.json", config);
   }
   fail("{}: no chat template (looked for chat_template.jinja, \"chat_template\" in tokenizer_config.json, and "
        "chat_template.json)",

@@ -253,6 +253,19 @@ TEST(LiveServer, StructuredOutputsValidateOnRealVocabularies) {
   }
 }
 
+// A template's error reaches the client naming the template's file inside the model folder, never
+// the server's own path to it.
+TEST(LiveServer, TemplateErrorsNameNoServerPaths) {
+  LiveServer s(true, "qwen35_features.jinja");
+  const HttpResponse r = fetch(s.port(), "POST", "/v1/chat/completions",
+                               R"({"messages": [{"role": "assistant", "content": "only me"}]})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.body, HasSubstr("No user query found"));
+  EXPECT_THAT(r.body, ::testing::Not(HasSubstr(s.dir().string()))) << r.body;
+  EXPECT_THAT(r.body, ::testing::Not(HasSubstr("/tmp"))) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("tokenizer_config.json[chat_template]")) << r.body;
+}
+
 TEST(LiveServer, SixtyFourStreamsWithAThirdAbortedFreeEverything) {
   LiveServer s(true, "qwen35_features.jinja");
   run_node("concurrency.mjs", s.port());
