@@ -134,6 +134,9 @@ struct Server::Impl {
   mutable std::once_flag constraints_once;
   mutable std::unique_ptr<grammar::ConstraintCache> constraints;
   json health() const;
+  // vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize.
+  json tokenize(const json& body) const;
+  json detokenize(const json& body) const;
   void stop();
 };
 
@@ -633,6 +636,58 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   }
 }
 
+json Server::Impl::tokenize(const json& body) const {
+  if (const json* m = body.contains("model") ? &body["model"] : nullptr; m && !m->is_null()) {
+    if (!m->is_string()) bad_request("model", "model: expected a string");
+    check_model(m->get<std::string>());
+  }
+  if (body.contains("return_token_strs") && body["return_token_strs"] == true)
+    bad_request("return_token_strs", "return_token_strs: not supported (token strings are not kept)");
+  const bool chat = body.contains("messages");
+  if (chat == body.contains("prompt")) bad_request(chat ? "prompt" : "", "send either \"prompt\" or \"messages\"");
+  auto flag = [&](const char* key, bool fallback) {
+    if (!body.contains(key) || body[key].is_null()) return fallback;
+    if (!body[key].is_boolean()) bad_request(key, "{}: expected a boolean", key);
+    return body[key].get<bool>();
+  };
+  std::vector<int32_t> ids;
+  if (chat) {
+    if (!model.chat_template) bad_request("messages", "this model has no chat template; send a prompt");
+    json request = json::object();
+    for (const char* key : {"messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "documents"})
+      if (body.contains(key)) request[key] = body[key];
+    const ChatRequest r = parse_chat_request(request, model.sampling_defaults, options.limits);
+    std::string prompt;
+    try {
+      prompt = model.chat_template->render(r.template_request);
+    } catch (const qinfer::Error& e) {
+      bad_request("messages", "the chat template rejected the request: {}", e.what());
+    }
+    ids = model.tokenizer->encode(prompt, flag("add_special_tokens", false));
+  } else {
+    if (!body["prompt"].is_string()) bad_request("prompt", "prompt: expected a string");
+    ids = model.tokenizer->encode(body["prompt"].get<std::string>(), flag("add_special_tokens", true));
+  }
+  return {{"count", ids.size()}, {"max_model_len", model.max_context}, {"tokens", ids}, {"token_strs", nullptr}};
+}
+
+json Server::Impl::detokenize(const json& body) const {
+  if (const json* m = body.contains("model") ? &body["model"] : nullptr; m && !m->is_null()) {
+    if (!m->is_string()) bad_request("model", "model: expected a string");
+    check_model(m->get<std::string>());
+  }
+  if (!body.contains("tokens") || !body["tokens"].is_array()) bad_request("tokens", "tokens: expected an array of token ids");
+  std::vector<int32_t> ids;
+  const int32_t vocab = model.tokenizer->vocab_size();
+  for (size_t i = 0; i < body["tokens"].size(); ++i) {
+    const json& t = body["tokens"][i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+      bad_request("tokens", "tokens[{}]: expected a token id from 0 to {}, got {}", i, vocab - 1, dump(t));
+    ids.push_back(t.get<int32_t>());
+  }
+  return {{"prompt", model.tokenizer->decode(ids)}};
+}
+
 json Server::Impl::health() const {
   const engine::EngineStats s = generator.stats();
   return {{"status", stopping ? "stopping" : "ok"},
@@ -658,7 +713,8 @@ void Server::Impl::routes() {
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
+    const bool guarded = req.path.starts_with("/v1/") || req.path == "/tokenize" || req.path == "/detokenize";
+    if (options.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
     const std::string given = req.get_header_value("Authorization");
     const std::string expected = "Bearer " + options.api_key;
     // Compared in full whatever the mismatch, so timing does not reveal a prefix.
@@ -695,7 +751,7 @@ void Server::Impl::routes() {
   });
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                                "/metrics"};
+                                                "/metrics", "/tokenize", "/detokenize"};
     metrics.count_request(known.contains(req.path) ? req.path : "other", res.status);
     log_debug("{} {} {}", req.method, req.path, res.status);
   });
@@ -722,6 +778,14 @@ void Server::Impl::routes() {
       send_error(res, e);
     }
   });
+  for (const auto& [path, handler] : {std::pair{"/tokenize", &Impl::tokenize}, std::pair{"/detokenize", &Impl::detokenize}})
+    http.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res) {
+      try {
+        res.set_content(dump((this->*handler)(parse_body(req.body))), "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (stopping) res.status = 503;
     res.set_content(dump(health()), "application/json");

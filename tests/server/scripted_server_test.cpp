@@ -309,6 +309,43 @@ TEST(ScriptedServer, UnimplementedPeerFieldsAreRefusedUnlessDefault) {
   EXPECT_EQ(s.post("/v1/chat/completions", body).status, 200);
 }
 
+// vLLM's /tokenize and /detokenize: a prompt, or messages giving exactly the ids a chat request
+// submits; ids back to text; errors naming the field; the API key guards them.
+TEST(ScriptedServer, TokenizeAndDetokenize) {
+  ScriptedServer s(qwen3_template());
+  s.generator.set_script({{"ok"}});
+  HttpResponse r = s.post("/tokenize", {{"prompt", "hello world"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<int32_t> ids = mini_tokenizer().encode("hello world", true);
+  EXPECT_EQ(r.body_json()["tokens"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(r.body_json()["count"], ids.size());
+  EXPECT_EQ(r.body_json()["max_model_len"], 4096);
+  // Messages: the ids a chat completion with the same messages starts from.
+  const json messages = chat_body(false)["messages"];
+  ASSERT_EQ(s.post("/v1/chat/completions", chat_body(false)).status, 200);
+  r = s.post("/tokenize", {{"messages", messages}, {"model", "scripted"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body_json()["tokens"].get<std::vector<int32_t>>(), s.generator.submitted().back().prompt);
+  r = s.post("/detokenize", {{"tokens", ids}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body_json()["prompt"], "hello world");
+
+  EXPECT_EQ(s.post("/detokenize", {{"tokens", {1, 9999999}}}).status, 400);
+  EXPECT_EQ(s.post("/detokenize", {{"tokens", "abc"}}).status, 400);
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", "a"}, {"messages", messages}}).status, 400);
+  EXPECT_EQ(s.post("/tokenize", json::object()).status, 400);
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", 5}}).status, 400);
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", "a"}, {"return_token_strs", true}}).status, 400);
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", "a"}, {"model", "gpt-4"}}).status, 404);
+
+  ServerOptions guarded;
+  guarded.api_key = "k";
+  ScriptedServer g(qwen3_template(), guarded);
+  EXPECT_EQ(g.post("/tokenize", {{"prompt", "a"}}).status, 401);
+  EXPECT_EQ(g.post("/detokenize", {{"tokens", {1}}}).status, 401);
+  EXPECT_EQ(g.post("/tokenize", {{"prompt", "a"}}, {"Authorization: Bearer k"}).status, 200);
+}
+
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
   ScriptedServer s;
   s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
