@@ -49,12 +49,18 @@ json chat_chunk(const ResponseHeader& h, int index, json delta, const std::strin
           {"object", "chat.completion.chunk"},
           {"created", h.created},
           {"model", h.model},
+          {"system_fingerprint", h.fingerprint},
           {"choices", json::array({std::move(choice)})}};
 }
 
 json usage_chunk(const ResponseHeader& h, std::string_view object, const Usage& usage) {
-  return {{"id", h.id},       {"object", object},         {"created", h.created},
-          {"model", h.model}, {"choices", json::array()}, {"usage", usage_json(usage)}};
+  return {{"id", h.id},
+          {"object", object},
+          {"created", h.created},
+          {"model", h.model},
+          {"system_fingerprint", h.fingerprint},
+          {"choices", json::array()},
+          {"usage", usage_json(usage)}};
 }
 
 json chat_delta_json(const ChatDelta& delta, std::vector<std::string>& ids) {
@@ -92,6 +98,7 @@ json completion_chunk(const ResponseHeader& h, int index, const std::string& tex
           {"object", "text_completion"},
           {"created", h.created},
           {"model", h.model},
+          {"system_fingerprint", h.fingerprint},
           {"choices", json::array({std::move(choice)})}};
 }
 

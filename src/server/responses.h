@@ -24,6 +24,7 @@ struct ResponseHeader {
   std::string id;
   int64_t created = 0;  // Unix seconds
   std::string model;
+  std::string fingerprint;  // system_fingerprint: the served model and engine configuration
 };
 
 struct Usage {

@@ -103,6 +103,8 @@ struct Server::Impl {
   Generator& generator;
   ToolCallFormat tool_format = ToolCallFormat::none;
   bool split_reasoning = false;
+  // Changes when what answers does (the model, its template, the context): OpenAI's system_fingerprint.
+  std::string fingerprint;
   Metrics metrics;
   HttpServer http;
   std::thread thread;
@@ -117,6 +119,9 @@ struct Server::Impl {
   Impl(ServerOptions o, ServedModel m, Generator& g) : options(std::move(o)), model(std::move(m)), generator(g) {
     tool_format = detect_tool_call_format(model.chat_template_source);
     split_reasoning = model.chat_template_source.find("</think>") != std::string::npos;
+    const size_t h = std::hash<std::string>{}(fmt::format("{}|{}|{}|{}", model.name, model.max_context,
+                                                          model.chat_template_source, model.tokenizer->vocab_size()));
+    fingerprint = fmt::format("fp_{:012x}", h & 0xFFFFFFFFFFFFull);
   }
 
   void routes();
@@ -155,7 +160,8 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
         arrival_(Clock::now()),
         choices_(prompts * r.n),
         cached_(prompts, 0) {
-    header_ = {random_id(endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-"), unix_now(), server.model.name};
+    header_ = {random_id(endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-"), unix_now(), server.model.name,
+               server.fingerprint};
     open_choices_ = static_cast<int>(choices_.size());
   }
 
@@ -277,6 +283,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
                 {"object", endpoint_ == Endpoint::chat ? "chat.completion" : "text_completion"},
                 {"created", header_.created},
                 {"model", header_.model},
+                {"system_fingerprint", header_.fingerprint},
                 {"choices", std::move(choices)},
                 {"usage", usage_json(usage)}};
     if (token_ids_ && endpoint_ == Endpoint::chat) out["prompt_token_ids"] = prompt_ids_.at(0);

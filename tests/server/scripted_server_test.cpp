@@ -346,6 +346,19 @@ TEST(ScriptedServer, TokenizeAndDetokenize) {
   EXPECT_EQ(g.post("/tokenize", {{"prompt", "a"}}, {"Authorization: Bearer k"}).status, 200);
 }
 
+// system_fingerprint: one value per served configuration, in responses and in every chunk.
+TEST(ScriptedServer, SystemFingerprint) {
+  ScriptedServer s;
+  s.generator.set_script({{"ok"}});
+  const json a = s.post("/v1/chat/completions", chat_body(false)).body_json();
+  const json b = s.post("/v1/completions", {{"prompt", "hi"}}).body_json();
+  ASSERT_TRUE(a["system_fingerprint"].is_string()) << a.dump();
+  EXPECT_TRUE(a["system_fingerprint"].get<std::string>().starts_with("fp_"));
+  EXPECT_EQ(a["system_fingerprint"], b["system_fingerprint"]);
+  const HttpResponse streamed = s.post("/v1/chat/completions", chat_body(true));
+  EXPECT_THAT(streamed.body, HasSubstr("\"system_fingerprint\":\"" + a["system_fingerprint"].get<std::string>()));
+}
+
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
   ScriptedServer s;
   s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
