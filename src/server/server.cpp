@@ -3,6 +3,8 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -720,6 +722,20 @@ void Server::Impl::routes() {
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Bodies are JSON only when they say so: a web page's cross-site form or text/plain POST (which
+    // a browser sends without asking) cannot reach a local server's API.
+    if (req.method == "POST") {
+      std::string media = req.get_header_value("Content-Type");
+      media = media.substr(0, media.find(';'));
+      while (!media.empty() && media.back() == ' ') media.pop_back();
+      std::transform(media.begin(), media.end(), media.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (media != "application/json") {
+        send_error(res, ApiError(415, "invalid_request_error", "unsupported_media_type", "",
+                                 fmt::format("the request body must be sent as \"Content-Type: application/json\"{}",
+                                             media.empty() ? "" : fmt::format(", not \"{}\"", media))));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     const bool guarded = req.path.starts_with("/v1/") || req.path == "/tokenize" || req.path == "/detokenize";
     if (options.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
     const std::string given = req.get_header_value("Authorization");

@@ -359,6 +359,28 @@ TEST(ScriptedServer, SystemFingerprint) {
   EXPECT_THAT(streamed.body, HasSubstr("\"system_fingerprint\":\"" + a["system_fingerprint"].get<std::string>()));
 }
 
+// Only application/json bodies are read: a browser's cross-site text/plain or form POST gets 415.
+TEST(ScriptedServer, BodiesMustBeSentAsJson) {
+  ScriptedServer s;
+  s.generator.set_script({{"ok"}});
+  const std::string body = dump(chat_body(false));
+  auto post_as = [&](const std::string& content_type) {
+    RawConnection c(s.port);
+    std::string request = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+    if (!content_type.empty()) request += "Content-Type: " + content_type + "\r\n";
+    c.send(request + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+    return parse_http(c.read_all());
+  };
+  for (const std::string type : {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""}) {
+    const HttpResponse r = post_as(type);
+    EXPECT_EQ(r.status, 415) << type;
+    EXPECT_THAT(r.body, HasSubstr("application/json")) << r.body;
+  }
+  EXPECT_EQ(post_as("application/json").status, 200);
+  EXPECT_EQ(post_as("Application/JSON; charset=utf-8").status, 200);
+  EXPECT_EQ(fetch(s.port, "GET", "/health").status, 200);  // GETs carry no body
+}
+
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
   ScriptedServer s;
   s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
