@@ -46,6 +46,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", o->server.port, "port (default 8000; 0 picks a free one)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->server.api_key, "require \"Authorization: Bearer KEY\" on /v1/ requests")
       ->envname("QINFER_API_KEY");
+  cmd->add_option("--allowed-hosts", o->server.allowed_hosts,
+                  "Host header names to answer besides localhost / 127.0.0.1 / [::1] (\"*\": any; default: any "
+                  "unless bound to a loopback address), e.g. behind a reverse proxy")
+      ->delimiter(',');
   cmd->add_option("--served-model-name", o->served_name, "the model id clients send (default: the folder name)");
   cmd->add_option("--max-running", o->engine.max_running, "sequences decoding at once (default 64)")
       ->check(CLI::Range(1, 4096));

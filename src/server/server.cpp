@@ -141,6 +141,8 @@ struct Server::Impl {
   mutable std::once_flag constraints_once;
   mutable std::unique_ptr<grammar::ConstraintCache> constraints;
   json health() const;
+  // Whether a request's Host header names this server (ServerOptions::allowed_hosts).
+  bool host_allowed(std::string_view host) const;
   // vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize.
   json tokenize(const json& body) const;
   json detokenize(const json& body) const;
@@ -645,6 +647,33 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   }
 }
 
+bool Server::Impl::host_allowed(std::string_view host) const {
+  auto lower = [](std::string_view s) {
+    std::string out(s);
+    std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+    return out;
+  };
+  static const std::set<std::string> names = {"localhost", "::1"};
+  // A 127/8 address literal (a name such as "127.example.com" is not one).
+  auto loopback = [](const std::string& n) {
+    return names.contains(n) || (n.starts_with("127.") && n.find_first_not_of("0123456789.") == std::string::npos);
+  };
+  const bool loopback_bind = loopback(lower(options.host));
+  if (options.allowed_hosts.empty() && !loopback_bind) return true;
+  // The name without its port ("[::1]:8000" -> "::1").
+  std::string name;
+  if (host.starts_with('[')) {
+    name = std::string(host.substr(1, host.find(']') == std::string_view::npos ? 0 : host.find(']') - 1));
+  } else {
+    name = std::string(host.substr(0, host.find(':')));
+  }
+  name = lower(name);
+  if (loopback(name)) return true;
+  for (const std::string& allowed : options.allowed_hosts)
+    if (allowed == "*" || lower(allowed) == name) return true;
+  return false;
+}
+
 json Server::Impl::tokenize(const json& body) const {
   if (const json* m = body.contains("model") ? &body["model"] : nullptr; m && !m->is_null()) {
     if (!m->is_string()) bad_request("model", "model: expected a string");
@@ -722,6 +751,12 @@ void Server::Impl::routes() {
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.has_header("Host") && !host_allowed(req.get_header_value("Host"))) {
+      send_error(res, ApiError(403, "invalid_request_error", "host_not_allowed", "",
+                               fmt::format("Host \"{}\" is not served here (allow it with --allowed-hosts)",
+                                           req.get_header_value("Host"))));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // Bodies are JSON only when they say so: a web page's cross-site form or text/plain POST (which
     // a browser sends without asking) cannot reach a local server's API.
     if (req.method == "POST") {

@@ -37,6 +37,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;      // 0: any free port
   std::string api_key;  // non-empty: every /v1/ request needs "Authorization: Bearer <key>"
+  // Host header names answered besides the loopback ones (localhost, 127.0.0.1, [::1]); "*": any.
+  // Empty on a non-loopback address: any. A loopback server refuses other names, so that a web page
+  // cannot reach it by DNS rebinding.
+  std::vector<std::string> allowed_hosts;
   size_t max_body_bytes = 16u << 20;
   int http_threads = 0;  // connections served at once (0: enough for every running and waiting request)
   int max_queue = 256;   // only sizes the HTTP thread pool (the scheduler decides admission)

@@ -381,6 +381,34 @@ TEST(ScriptedServer, BodiesMustBeSentAsJson) {
   EXPECT_EQ(fetch(s.port, "GET", "/health").status, 200);  // GETs carry no body
 }
 
+// A loopback server answers only loopback Host names (and those --allowed-hosts adds): a web page
+// cannot reach it through DNS rebinding.
+TEST(ScriptedServer, LoopbackServersCheckTheHostHeader) {
+  auto get_with_host = [](int port, const std::string& host) {
+    RawConnection c(port);
+    c.send("GET /v1/models HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n");
+    return parse_http(c.read_all());
+  };
+  ScriptedServer s;
+  for (const std::string host : {"127.0.0.1", "localhost:8000", "LOCALHOST", "[::1]:80", "127.1.2.3:9"})
+    EXPECT_EQ(get_with_host(s.port, host).status, 200) << host;
+  for (const std::string host : {"evil.example", "127.evil.example", "localhost.evil.example:8000", "[::2]"}) {
+    const HttpResponse r = get_with_host(s.port, host);
+    EXPECT_EQ(r.status, 403) << host;
+    EXPECT_THAT(r.body, HasSubstr("--allowed-hosts")) << r.body;
+  }
+  ServerOptions proxied;
+  proxied.allowed_hosts = {"api.example.com"};
+  ScriptedServer p(qwen3_template(), proxied);
+  EXPECT_EQ(get_with_host(p.port, "api.example.com:443").status, 200);
+  EXPECT_EQ(get_with_host(p.port, "localhost").status, 200);
+  EXPECT_EQ(get_with_host(p.port, "other.example.com").status, 403);
+  ServerOptions any;
+  any.allowed_hosts = {"*"};
+  ScriptedServer a(qwen3_template(), any);
+  EXPECT_EQ(get_with_host(a.port, "anything.example").status, 200);
+}
+
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
   ScriptedServer s;
   s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
