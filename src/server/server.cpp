@@ -836,8 +836,8 @@ void Server::Impl::routes() {
       send_error(res, e);
     }
   });
-  for (const auto& [path, handler] : {std::pair{"/tokenize", &Impl::tokenize}, std::pair{"/detokenize", &Impl::detokenize}})
-    http.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res) {
+  for (const auto& route : {std::pair{"/tokenize", &Impl::tokenize}, std::pair{"/detokenize", &Impl::detokenize}})
+    http.Post(route.first, [this, handler = route.second](const httplib::Request& req, httplib::Response& res) {
       try {
         res.set_content(dump((this->*handler)(parse_body(req.body))), "application/json");
       } catch (const ApiError& e) {
