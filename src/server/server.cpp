@@ -146,6 +146,7 @@ struct Server::Impl {
   // vLLM's /tokenize (a prompt, or messages through the chat template) and /detokenize.
   json tokenize(const json& body) const;
   json detokenize(const json& body) const;
+  void check_body_model(const json& body) const;  // the body's optional "model" names the served one
   void stop();
 };
 
@@ -674,11 +675,15 @@ bool Server::Impl::host_allowed(std::string_view host) const {
   return false;
 }
 
-json Server::Impl::tokenize(const json& body) const {
+void Server::Impl::check_body_model(const json& body) const {
   if (const json* m = body.contains("model") ? &body["model"] : nullptr; m && !m->is_null()) {
     if (!m->is_string()) bad_request("model", "model: expected a string");
     check_model(m->get<std::string>());
   }
+}
+
+json Server::Impl::tokenize(const json& body) const {
+  check_body_model(body);
   if (body.contains("return_token_strs") && body["return_token_strs"] == true)
     bad_request("return_token_strs", "return_token_strs: not supported (token strings are not kept)");
   const bool chat = body.contains("messages");
@@ -710,10 +715,7 @@ json Server::Impl::tokenize(const json& body) const {
 }
 
 json Server::Impl::detokenize(const json& body) const {
-  if (const json* m = body.contains("model") ? &body["model"] : nullptr; m && !m->is_null()) {
-    if (!m->is_string()) bad_request("model", "model: expected a string");
-    check_model(m->get<std::string>());
-  }
+  check_body_model(body);
   if (!body.contains("tokens") || !body["tokens"].is_array()) bad_request("tokens", "tokens: expected an array of token ids");
   std::vector<int32_t> ids;
   const int32_t vocab = model.tokenizer->vocab_size();
