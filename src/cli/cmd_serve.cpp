@@ -1,13 +1,16 @@
-// `qinfer serve`: the OpenAI-compatible HTTP server over the continuous-batching engine. Prints
-// the URL when ready; SIGINT / SIGTERM end in-flight requests with an error and exit cleanly.
+// `qinfer serve`: the OpenAI-compatible HTTP server over the continuous-batching engine. The port is
+// bound before the model loads (a port in use fails at once); the URL is printed when ready. SIGINT /
+// SIGTERM drain: new requests get 503 while those in progress finish, for up to --drain-timeout
+// seconds or until a second signal; what is left then ends with an error, and the process exits.
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
 #include "cli/commands.h"
 #include "cli/generation_options.h"
@@ -38,6 +41,7 @@ void add_serve_command(CLI::App& app) {
     int threads = 0;
     std::string device = "cpu";
     int tensor_parallel = 1;
+    double drain_timeout_s = 10;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)");
@@ -50,6 +54,16 @@ void add_serve_command(CLI::App& app) {
                   "Host header names to answer besides localhost / 127.0.0.1 / [::1] (\"*\": any; default: any "
                   "unless bound to a loopback address), e.g. behind a reverse proxy")
       ->delimiter(',');
+  cmd->add_option("--allowed-origins", o->server.allowed_origins,
+                  "origins a browser page may call the API from (CORS), e.g. http://localhost:3000 (\"*\": any; "
+                  "default: none)")
+      ->delimiter(',');
+  cmd->add_option("--max-connections", o->server.max_connections,
+                  "open connections before new ones get 503 (default 4096)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  cmd->add_option("--drain-timeout", o->drain_timeout_s,
+                  "seconds a SIGTERM / SIGINT waits for requests in progress before ending them (default 10)")
+      ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--served-model-name", o->served_name, "the model id clients send (default: the folder name)");
   cmd->add_option("--max-running", o->engine.max_running, "sequences decoding at once (default 64)")
       ->check(CLI::Range(1, 4096));
@@ -89,6 +103,8 @@ void add_serve_command(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     // The process-wide pool reads QINFER_THREADS when the model first uses it.
     if (o->threads > 0) setenv("QINFER_THREADS", std::to_string(o->threads).c_str(), 1);
+    std::optional<http::Listener> listener;
+    if (leads_the_group()) listener.emplace(o->server.host, o->server.port);
 
     auto m = load_model(dir, /*need_template=*/false, o->device, o->tensor_parallel);
     if (follow_the_group(*m)) return;  // requests arrive at process 0
@@ -115,20 +131,25 @@ void add_serve_command(CLI::App& app) {
     o->server.max_running = so.max_running;
     o->server.max_queue = so.max_waiting;
     server::Server http(o->server, served, generator);
-    const int port = http.bind();
+    const int port = http.start(std::move(*listener));
     if (o->server.host != "127.0.0.1" && o->server.host != "localhost" && o->server.host != "::1" &&
         o->server.api_key.empty())
       log_warn("listening on {} without --api-key: anyone who can reach this address can use the model",
                o->server.host);
-    std::thread listener([&] { http.run(); });
     fmt::print("qinfer serve: {} ready on http://{}:{}/v1 (Ctrl-C stops)\n", served.name, o->server.host, port);
     std::fflush(stdout);
 
     int received = 0;
     sigwait(&signals, &received);
-    fmt::print(stderr, "qinfer serve: {}, stopping\n", received == SIGINT ? "interrupted" : "terminated");
+    fmt::print(stderr, "qinfer serve: {}, draining (a second signal stops at once)\n",
+               received == SIGINT ? "interrupted" : "terminated");
+    http.stop_accepting();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o->drain_timeout_s);
+    const timespec poll{0, 50'000'000};
+    while (http.in_progress() > 0 && std::chrono::steady_clock::now() < deadline)
+      if (sigtimedwait(&signals, nullptr, &poll) > 0) break;
+    if (http.in_progress() > 0) fmt::print(stderr, "qinfer serve: ending {} requests in progress\n", http.in_progress());
     http.stop();
-    listener.join();
   });
 }
 

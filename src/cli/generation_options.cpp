@@ -93,6 +93,8 @@ std::string rank_device(const std::string& device, int rank) {
   return fmt::format("cuda:{}", cuda_index(device) + rank);
 }
 
+bool leads_the_group() { return processes.index == 0; }
+
 bool follow_the_group(LoadedModel& m) {
   if (processes.count == 1) return false;
   auto* group = dynamic_cast<models::TensorParallelModel*>(m.device.model.get());

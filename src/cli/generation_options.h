@@ -49,6 +49,9 @@ void add_device_flags(CLI::App* cmd, int& tensor_parallel);
 // leads it and goes on (false); every other process follows it until it stops (true: the command
 // has nothing left to do). False for a single process.
 bool follow_the_group(LoadedModel& m);
+// Whether this process leads (process 0 of a group over processes, or the only one); known before
+// the model loads.
+bool leads_the_group();
 // The --precision in effect: "fast" or "exact".
 std::string precision_name();
 

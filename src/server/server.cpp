@@ -1,8 +1,5 @@
 #include "server/server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -33,22 +30,17 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// cpp-httplib (0.11, a compiled library) listens with a backlog of 5: a burst of clients would wait
-// for SYN retransmits. Listening again on the bound socket only raises the backlog.
-class HttpServer : public httplib::Server {
- public:
-  void widen_backlog() { ::listen(svr_sock_, SOMAXCONN); }
-};
-
 enum class Endpoint { chat, completion };
 
-void send_error(httplib::Response& res, const ApiError& e) {
+http::Response error_response(const ApiError& e) {
   // A client's mistake is worth a line for whoever debugs the client, not a warning.
   if (e.status < 500 && log_level() <= LogLevel::debug) log_debug("{} {}", e.status, dump(e.body()));
-  res.status = e.status;
-  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
-  res.set_content(dump(e.body()), "application/json");
+  http::Response r{e.status, "application/json", dump(e.body()), {}};
+  if (e.retry_after_s > 0) r.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+  return r;
 }
+
+http::Response json_response(const json& body) { return {200, "application/json", dump(body), {}}; }
 
 ApiError server_error(int status, const std::string& message) {
   return ApiError(status, status == 503 ? "service_unavailable" : "server_error", "", "", message);
@@ -108,14 +100,13 @@ struct Server::Impl {
   // Changes when what answers does (the model, its template, the context): OpenAI's system_fingerprint.
   std::string fingerprint;
   Metrics metrics;
-  HttpServer http;
-  std::thread thread;
+  std::unique_ptr<http::Server> http;
   int port = -1;
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
 
   class Session;
-  std::mutex sessions_mutex;
+  mutable std::mutex sessions_mutex;
   std::vector<std::weak_ptr<Session>> sessions;
 
   Impl(ServerOptions o, ServedModel m, Generator& g) : options(std::move(o)), model(std::move(m)), generator(g) {
@@ -126,8 +117,11 @@ struct Server::Impl {
     fingerprint = fmt::format("fp_{:012x}", h & 0xFFFFFFFFFFFFull);
   }
 
-  void routes();
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // Every request: the Host, CORS, media-type and API-key rules, then its route.
+  void serve(http::Request& req, http::Responder& res);
+  void generate(const http::Request& req, http::Responder& res, Endpoint endpoint, const http::Headers& cors);
+  // The CORS headers of an answer to a request from an allowed Origin (none otherwise).
+  http::Headers cors_headers(const http::Request& req) const;
   std::shared_ptr<Session> chat_session(const json& body);
   std::shared_ptr<Session> completion_session(const json& body);
   void check_model(const std::string& requested) const;
@@ -147,6 +141,7 @@ struct Server::Impl {
   json tokenize(const json& body) const;
   json detokenize(const json& body) const;
   void check_body_model(const json& body) const;  // the body's optional "model" names the served one
+  json model_card() const;
   void stop();
 };
 
@@ -209,14 +204,29 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     arrived_.notify_all();
   }
 
+  // Called on the HTTP event thread when the connection closes: the sequences stop within a step,
+  // and the worker waiting in pump() wakes to see it.
+  void client_gone() {
+    cancel_all();
+    std::lock_guard lock(mutex_);
+    gone_ = true;
+    arrived_.notify_all();
+  }
+
   // Waits up to `wait` for events and handles what arrived; appends SSE text to `sse` when
-  // streaming. Returns true when the request is over.
+  // streaming. Returns true when the request is over; a client gone ends it as cancelled.
   bool pump(std::string* sse, std::chrono::milliseconds wait) {
     std::deque<std::pair<engine::Event, Clock::time_point>> events;
+    bool gone = false;
     {
       std::unique_lock lock(mutex_);
-      arrived_.wait_for(lock, wait, [&] { return !inbox_.empty(); });
+      arrived_.wait_for(lock, wait, [&] { return !inbox_.empty() || gone_; });
       events.swap(inbox_);
+      gone = gone_;
+    }
+    if (gone) {
+      abandon();
+      return true;
     }
     for (const auto& [e, at] : events) {
       if (done_) break;
@@ -455,6 +465,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   std::deque<std::pair<engine::Event, Clock::time_point>> inbox_;
   std::vector<uint64_t> ids_;
   bool cancelled_ = false;
+  bool gone_ = false;
 };
 
 void Server::Impl::check_model(const std::string& requested) const {
@@ -587,17 +598,19 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::completion_session(const js
   return session;
 }
 
-void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+void Server::Impl::generate(const http::Request& req, http::Responder& res, Endpoint endpoint,
+                            const http::Headers& cors) {
+  auto fail_with = [&](http::Response r) {
+    r.headers.insert(r.headers.end(), cors.begin(), cors.end());
+    res.send(std::move(r));
+  };
   std::shared_ptr<Session> session;
   try {
     if (stopping) throw server_error(503, "the server is shutting down");
     const json body = parse_body(req.body);
     session = endpoint == Endpoint::chat ? chat_session(body) : completion_session(body);
   } catch (const ApiError& e) {
-    return send_error(res, e);
-  } catch (const std::exception& e) {
-    log_error("{} {}: {}", req.method, req.path, e.what());
-    return send_error(res, server_error(500, fmt::format("internal error: {}", e.what())));
+    return fail_with(error_response(e));
   }
   {
     std::lock_guard lock(sessions_mutex);
@@ -605,47 +618,48 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     sessions.push_back(session);
   }
   if (stopping) session->cancel_all();  // stop() may have swept the sessions just before this one
+  res.on_client_gone([session] { session->client_gone(); });
   if (session->stream()) {
     metrics.stream_opened();
-    res.set_header("Cache-Control", "no-cache");
-    auto opening = std::make_shared<std::string>(session->opening());
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [session, opening](size_t, httplib::DataSink& sink) {
-          std::string out = std::move(*opening);
-          opening->clear();
-          const bool done = session->pump(&out, 50ms);
-          if (!out.empty() && !sink.write(out.data(), out.size())) {
-            session->abandon();  // the client went away
-            return false;
-          }
-          if (done) {
-            sink.done();
-            return true;
-          }
-          if (out.empty() && !sink.is_writable()) {
-            session->abandon();
-            return false;
-          }
-          return true;
-        },
-        [this, session](bool success) {
-          metrics.stream_closed();
-          if (!success) session->abandon();
-        });
+    http::Headers headers = cors;
+    headers.emplace_back("Cache-Control", "no-cache");
+    std::string out = session->opening();
+    bool open = res.begin_stream(200, "text/event-stream", std::move(headers));
+    while (open) {
+      const bool done = session->pump(&out, 50ms);
+      if (!out.empty()) open = res.write(out);
+      out.clear();
+      if (done) break;
+    }
+    if (!open) session->abandon();  // the client went away
+    res.end_stream();
+    metrics.stream_closed();
     return;
   }
   try {
     while (!session->pump(nullptr, 1000ms)) {
     }
-    res.set_content(dump(session->response()), "application/json");
+    if (res.client_gone()) return;
+    http::Response r = json_response(session->response());
+    r.headers = cors;
+    res.send(std::move(r));
   } catch (const ApiError& e) {
-    send_error(res, e);
+    fail_with(error_response(e));
   } catch (const std::exception& e) {
     session->cancel_all();
     log_error("{} {}: {}", req.method, req.path, e.what());
-    send_error(res, server_error(500, fmt::format("internal error: {}", e.what())));
+    fail_with(error_response(server_error(500, fmt::format("internal error: {}", e.what()))));
   }
+}
+
+http::Headers Server::Impl::cors_headers(const http::Request& req) const {
+  const std::string* origin = req.header("origin");
+  if (!origin || options.allowed_origins.empty()) return {};
+  const bool allowed = std::any_of(options.allowed_origins.begin(), options.allowed_origins.end(),
+                                   [&](const std::string& o) { return o == "*" || o == *origin; });
+  if (!allowed) return {};
+  // The origin itself, not "*": an API key in Authorization is a credential the browser must be allowed to send.
+  return {{"Access-Control-Allow-Origin", *origin}, {"Vary", "Origin"}};
 }
 
 bool Server::Impl::host_allowed(std::string_view host) const {
@@ -740,124 +754,98 @@ json Server::Impl::health() const {
           {"state_slots_total", s.state_slots_total}};
 }
 
-void Server::Impl::routes() {
-  http.set_tcp_nodelay(true);  // SSE chunks are small: send each at once
-  // cpp-httplib's default adds SO_REUSEPORT, which would let a second server share our port silently.
-  http.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  http.set_payload_max_length(options.max_body_bytes);
-  http.set_keep_alive_max_count(1000);
-  const int threads = options.http_threads > 0 ? options.http_threads : options.max_running + options.max_queue + 16;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.has_header("Host") && !host_allowed(req.get_header_value("Host"))) {
-      send_error(res, ApiError(403, "invalid_request_error", "host_not_allowed", "",
-                               fmt::format("Host \"{}\" is not served here (allow it with --allowed-hosts)",
-                                           req.get_header_value("Host"))));
-      return httplib::Server::HandlerResponse::Handled;
+void Server::Impl::serve(http::Request& req, http::Responder& res) {
+  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                                              "/metrics", "/tokenize", "/detokenize"};
+  const http::Headers cors = cors_headers(req);
+  int status = 200;
+  auto send = [&](http::Response r) {
+    status = r.status;
+    r.headers.insert(r.headers.end(), cors.begin(), cors.end());
+    res.send(std::move(r));
+  };
+  try {
+    if (const std::string* host = req.header("host"); host && !host_allowed(*host))
+      throw ApiError(403, "invalid_request_error", "host_not_allowed", "",
+                     fmt::format("Host \"{}\" is not served here (allow it with --allowed-hosts)", *host));
+    // A browser's preflight: answered for allowed origins only, and before the API key (it carries none).
+    if (req.method == "OPTIONS" && !cors.empty() && req.header("access-control-request-method")) {
+      http::Response r{204, "", "", {}};
+      r.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                   {"Access-Control-Allow-Headers",
+                    req.header_or("access-control-request-headers", "Authorization, Content-Type")},
+                   {"Access-Control-Max-Age", "600"}};
+      send(std::move(r));
+      metrics.count_request(known.contains(req.path) ? req.path : "other", status);
+      return;
     }
     // Bodies are JSON only when they say so: a web page's cross-site form or text/plain POST (which
     // a browser sends without asking) cannot reach a local server's API.
     if (req.method == "POST") {
-      std::string media = req.get_header_value("Content-Type");
+      std::string media = req.header_or("content-type");
       media = media.substr(0, media.find(';'));
       while (!media.empty() && media.back() == ' ') media.pop_back();
       std::transform(media.begin(), media.end(), media.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (media != "application/json") {
-        send_error(res, ApiError(415, "invalid_request_error", "unsupported_media_type", "",
-                                 fmt::format("the request body must be sent as \"Content-Type: application/json\"{}",
-                                             media.empty() ? "" : fmt::format(", not \"{}\"", media))));
-        return httplib::Server::HandlerResponse::Handled;
-      }
+      if (media != "application/json")
+        throw ApiError(415, "invalid_request_error", "unsupported_media_type", "",
+                       fmt::format("the request body must be sent as \"Content-Type: application/json\"{}",
+                                   media.empty() ? "" : fmt::format(", not \"{}\"", media)));
     }
     const bool guarded = req.path.starts_with("/v1/") || req.path == "/tokenize" || req.path == "/detokenize";
-    if (options.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string given = req.get_header_value("Authorization");
-    const std::string expected = "Bearer " + options.api_key;
-    // Compared in full whatever the mismatch, so timing does not reveal a prefix.
-    bool same = given.size() == expected.size();
-    unsigned char diff = 0;
-    for (size_t i = 0; i < expected.size(); ++i) diff |= expected[i] ^ (i < given.size() ? given[i] : 0);
-    same = same && diff == 0;
-    if (same) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res,
-               ApiError(401, "invalid_request_error", "invalid_api_key", "",
-                        given.empty() ? "missing API key: send \"Authorization: Bearer <key>\"" : "incorrect API key"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
-
-  // cpp-httplib's own refusals (no route, body too large, malformed HTTP) get an OpenAI-style body too.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string message = fmt::format("{} {}: no such endpoint", req.method, req.path);
-    if (res.status == 413) {
-      message = fmt::format("the request body is larger than this server accepts ({} bytes)", options.max_body_bytes);
-      if (req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded"))
-        message += "; send JSON with \"Content-Type: application/json\"";
-    } else if (res.status == 400) {
-      message = "malformed HTTP request";
-    } else if (res.status != 404) {
-      message = fmt::format("HTTP error {}", res.status);
+    if (!options.api_key.empty() && guarded) {
+      const std::string given = req.header_or("authorization");
+      const std::string expected = "Bearer " + options.api_key;
+      // Compared in full whatever the mismatch, so timing does not reveal a prefix.
+      unsigned char diff = given.size() == expected.size() ? 0 : 1;
+      for (size_t i = 0; i < expected.size(); ++i) diff |= expected[i] ^ (i < given.size() ? given[i] : 0);
+      if (diff != 0)
+        throw ApiError(401, "invalid_request_error", "invalid_api_key", "",
+                       given.empty() ? "missing API key: send \"Authorization: Bearer <key>\"" : "incorrect API key");
     }
-    send_error(res, ApiError(res.status, "invalid_request_error", res.status == 404 ? "not_found" : "", "", message));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    send_error(res, server_error(500, "internal error"));
-  });
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                                "/metrics", "/tokenize", "/detokenize"};
-    metrics.count_request(known.contains(req.path) ? req.path : "other", res.status);
-    log_debug("{} {} {}", req.method, req.path, res.status);
-  });
-
-  http.Post("/v1/chat/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::chat); });
-  http.Post("/v1/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::completion); });
-  auto model_card = [this] {
-    return json{{"id", model.name},
-                {"object", "model"},
-                {"created", unix_now()},
-                {"owned_by", "qinfer"},
-                {"max_model_len", model.max_context}};
-  };
-  http.Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {
-    res.set_content(dump({{"object", "list"}, {"data", json::array({model_card()})}}), "application/json");
-  });
-  http.Get("/v1/models/(.+)", [this, model_card](const httplib::Request& req, httplib::Response& res) {
-    try {
-      check_model(req.matches[1]);
-      res.set_content(dump(model_card()), "application/json");
-    } catch (const ApiError& e) {
-      send_error(res, e);
+    const bool post = req.method == "POST", get = req.method == "GET" || req.method == "HEAD";
+    if (post && (req.path == "/v1/chat/completions" || req.path == "/v1/completions")) {
+      generate(req, res, req.path == "/v1/chat/completions" ? Endpoint::chat : Endpoint::completion, cors);
+    } else if (get && req.path == "/v1/models") {
+      send(json_response({{"object", "list"}, {"data", json::array({model_card()})}}));
+    } else if (get && req.path.starts_with("/v1/models/")) {
+      check_model(req.path.substr(std::string_view("/v1/models/").size()));
+      send(json_response(model_card()));
+    } else if (post && req.path == "/tokenize") {
+      send(json_response(tokenize(parse_body(req.body))));
+    } else if (post && req.path == "/detokenize") {
+      send(json_response(detokenize(parse_body(req.body))));
+    } else if (get && req.path == "/health") {
+      http::Response r = json_response(health());
+      if (stopping) r.status = 503;
+      send(std::move(r));
+    } else if (get && req.path == "/metrics") {
+      send({200, "text/plain; version=0.0.4", metrics.render(generator.stats()), {}});
+    } else {
+      throw ApiError(404, "invalid_request_error", "not_found", "", fmt::format("{} {}: no such endpoint", req.method, req.path));
     }
-  });
-  for (const auto& route : {std::pair{"/tokenize", &Impl::tokenize}, std::pair{"/detokenize", &Impl::detokenize}})
-    http.Post(route.first, [this, handler = route.second](const httplib::Request& req, httplib::Response& res) {
-      try {
-        res.set_content(dump((this->*handler)(parse_body(req.body))), "application/json");
-      } catch (const ApiError& e) {
-        send_error(res, e);
-      }
-    });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (stopping) res.status = 503;
-    res.set_content(dump(health()), "application/json");
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.render(generator.stats()), "text/plain; version=0.0.4");
-  });
+  } catch (const ApiError& e) {
+    if (!res.answered()) send(error_response(e));
+  } catch (const std::exception& e) {
+    log_error("{} {}: {}", req.method, req.path, e.what());
+    if (!res.answered()) send(error_response(server_error(500, fmt::format("internal error: {}", e.what()))));
+  }
+  metrics.count_request(known.contains(req.path) ? req.path : "other", status);
+  log_debug("{} {} {}", req.method, req.path, status);
+}
+
+json Server::Impl::model_card() const {
+  return json{{"id", model.name},
+              {"object", "model"},
+              {"created", unix_now()},
+              {"owned_by", "qinfer"},
+              {"max_model_len", model.max_context}};
 }
 
 void Server::Impl::stop() {
   std::lock_guard guard(stop_mutex);
+  if (!http) return;
   stopping = true;
+  http->stop_accepting();
   std::vector<std::shared_ptr<Session>> live;
   {
     std::lock_guard lock(sessions_mutex);
@@ -866,19 +854,9 @@ void Server::Impl::stop() {
   }
   for (const auto& s : live) s->cancel_all();
   live.clear();
-  // Give streams a moment to write their closing error; then stop accepting and drain.
-  const auto deadline = Clock::now() + 2s;
-  while (Clock::now() < deadline) {
-    bool any = false;
-    {
-      std::lock_guard lock(sessions_mutex);
-      for (const auto& weak : sessions) any = any || !weak.expired();
-    }
-    if (!any) break;
-    std::this_thread::sleep_for(10ms);
-  }
-  http.stop();
-  if (thread.joinable()) thread.join();
+  // Give streams a moment to write their closing error; then close every connection.
+  http->stop(2s);
+  http.reset();
 }
 
 SamplingParams sampling_defaults(const std::filesystem::path& model_dir) {
@@ -905,31 +883,48 @@ Server::Server(ServerOptions options, ServedModel model, Generator& generator)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(model), generator)) {
   QINFER_CHECK(impl_->model.tokenizer, "server: the served model has no tokenizer");
   QINFER_CHECK(impl_->model.max_context > 0, "server: max_context must be positive");
-  impl_->routes();
 }
 
 Server::~Server() { stop(); }
 
-int Server::bind() {
+int Server::start() { return start(http::Listener(impl_->options.host, impl_->options.port)); }
+
+int Server::start(http::Listener listener) {
   Impl& i = *impl_;
-  if (i.options.port == 0)
-    i.port = i.http.bind_to_any_port(i.options.host);
-  else
-    i.port = i.http.bind_to_port(i.options.host, i.options.port) ? i.options.port : -1;
-  QINFER_CHECK(i.port > 0, "cannot listen on {}:{} (is the address valid and the port free?)", i.options.host,
-               i.options.port);
-  i.http.widen_backlog();
+  QINFER_CHECK(!i.http, "server: start() called twice");
+  const ServerOptions& o = i.options;
+  http::ServerLimits limits;
+  limits.parser.max_body_bytes = o.max_body_bytes;
+  limits.max_connections = o.max_connections;
+  // Generation requests hold a worker while they run; the scheduler decides how many run at once.
+  limits.workers = o.http_threads > 0 ? o.http_threads : o.max_running + o.max_queue + 16;
+  limits.header_timeout = o.header_timeout;
+  limits.body_timeout = o.body_timeout;
+  limits.idle_timeout = o.idle_timeout;
+  auto error_body = [&i](int status, const std::string& message) {
+    i.metrics.count_request("other", status);
+    ApiError e(status, status >= 500 ? "server_error" : "invalid_request_error", "", "", message);
+    if (status == 503) e.retry_after_s = 1;
+    return error_response(e);
+  };
+  i.http = std::make_unique<http::Server>(limits, [&i](http::Request& req, http::Responder& res) { i.serve(req, res); },
+                                          error_body);
+  i.port = listener.port();
+  i.http->start(std::move(listener));
   return i.port;
 }
 
-void Server::run() { impl_->http.listen_after_bind(); }
+void Server::stop_accepting() {
+  Impl& i = *impl_;
+  i.stopping = true;
+  std::lock_guard guard(i.stop_mutex);
+  if (i.http) i.http->stop_accepting();
+}
 
-int Server::start() {
-  const int port = bind();
-  impl_->thread = std::thread([this] { run(); });
-  // listen_after_bind sets is_running() once its accept loop starts.
-  for (int i = 0; i < 5000 && !impl_->http.is_running(); ++i) std::this_thread::sleep_for(1ms);
-  return port;
+size_t Server::in_progress() const {
+  std::lock_guard lock(impl_->sessions_mutex);
+  return static_cast<size_t>(std::count_if(impl_->sessions.begin(), impl_->sessions.end(),
+                                           [](const std::weak_ptr<Impl::Session>& s) { return !s.expired(); }));
 }
 
 void Server::stop() { impl_->stop(); }

@@ -515,7 +515,50 @@ TEST(ServeCommand, StartsServesAndStopsOnSigterm) {
   int status = 0;
   if (!exits_within_10s(pid, status)) FAIL() << "qinfer serve did not stop on SIGTERM";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(err);
-  EXPECT_THAT(read_file(err), HasSubstr("stopping"));
+  EXPECT_THAT(read_file(err), HasSubstr("draining"));
+}
+
+// SIGTERM drains: a request in progress goes on while new ones are refused, until --drain-timeout ends
+// it with an error; a client trickling the bytes of a request never finished does not hold the exit.
+TEST(ServeCommand, DrainsOnSigtermUntilItsDeadline) {
+  ASSERT_TRUE(fs::exists(QINFER_BINARY));
+  TinyModelDir dir(false, "qwen3.jinja", 1 << 16);  // a context long enough to outlast the drain
+  const fs::path out = dir.path() / "serve.out", err = dir.path() / "serve.err";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    freopen(out.c_str(), "w", stdout);
+    freopen(err.c_str(), "w", stderr);
+    execl(QINFER_BINARY, QINFER_BINARY, "serve", "--model", dir.path().c_str(), "--port", "0", "--drain-timeout",
+          "1.5", "--threads", "1", "--max-running", "1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const int port = served_port(out);
+  ASSERT_GT(port, 0) << read_file(out) << read_file(err);
+  RawConnection trickle(port);
+  trickle.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le");
+  // A stream that outlasts the drain: one token per step, as long as the context allows.
+  RawConnection stream(port);
+  const json body = {{"prompt", "hi"}, {"stream", true}, {"ignore_eos", true}};
+  stream.send(http_request("POST", "/v1/completions", dump(body)));
+  stream.read_until([](const std::string& r) { return r.find("\"text\"") != std::string::npos; }, 10s);
+  RawConnection kept(port);  // open before the signal, its request sent during the drain
+  const auto signalled = std::chrono::steady_clock::now();
+  kill(pid, SIGTERM);
+  std::this_thread::sleep_for(300ms);
+  kept.send(http_request("POST", "/v1/completions", dump(json{{"prompt", "x"}, {"max_tokens", 1}})));
+  const HttpResponse refused = parse_http(kept.read_all(5s));
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_FALSE(RawConnection(port).ok());  // no new connections: a balancer sends them elsewhere
+  const std::string streamed = stream.read_all(10s);
+  int status = 0;
+  ASSERT_TRUE(exits_within_10s(pid, status)) << read_file(err);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(err);
+  EXPECT_GE(took, 1.4);
+  EXPECT_LT(took, 6.0);
+  EXPECT_THAT(streamed, HasSubstr("shutting down"));
+  EXPECT_THAT(read_file(err), HasSubstr("ending 1 requests in progress"));
 }
 
 // `qinfer serve` as the two processes of a tensor-parallel group (one cpu rank each) over golden
@@ -627,7 +670,7 @@ TEST(ServeCommand, RefusesAnAddressInUse) {
       std::string(QINFER_BINARY) + " serve --model '" + dir.path().string() + "' --port " + std::to_string(port));
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(port)));
-  // Without --model it serves the bundled demo model: loaded, then refused the same busy port.
+  // Without --model it names the bundled demo model, then refuses the busy port (before loading it).
   const qinfer::testing::CommandResult demo =
       qinfer::testing::run_command(std::string(QINFER_BINARY) + " serve --port " + std::to_string(port));
   EXPECT_EQ(demo.status, 1);

@@ -409,6 +409,84 @@ TEST(ScriptedServer, LoopbackServersCheckTheHostHeader) {
   EXPECT_EQ(get_with_host(a.port, "anything.example").status, 200);
 }
 
+// A client that gives up on a non-streamed request (a timeout) frees the sequence within a step,
+// not at max_tokens; /metrics counts it as cancelled.
+TEST(ScriptedServer, ClientLeavingANonStreamedRequestCancelsIt) {
+  ScriptedServer s;
+  s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
+  auto c = std::make_unique<RawConnection>(s.port);
+  c->send(http_request("POST", "/v1/completions", dump(json{{"prompt", "hi"}, {"max_tokens", 2000}})));
+  const auto start = std::chrono::steady_clock::now();
+  while (s.generator.running() == 0 && std::chrono::steady_clock::now() - start < 2s) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(100ms);
+  ASSERT_EQ(s.generator.running(), 1);
+  const auto left = std::chrono::steady_clock::now();
+  c.reset();
+  while (s.generator.running() > 0 && std::chrono::steady_clock::now() - left < 2s) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(s.generator.running(), 0);
+  EXPECT_EQ(s.generator.cancels(), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - left, 100ms);  // a step is 5 ms here
+  EXPECT_THAT(fetch(s.port, "GET", "/metrics").body, HasSubstr("qinfer_choices_finished_total{reason=\"cancelled\"} 1"));
+  s.generator.set_script({{"fine"}});
+  EXPECT_EQ(s.post("/v1/completions", json{{"prompt", "hi"}}).status, 200);
+}
+
+// CORS is off unless --allowed-origins names the page's origin; then preflights are answered (before
+// the API key, which a preflight never carries) and answers name the origin.
+TEST(ScriptedServer, CrossOriginCallsOnlyFromAllowedOrigins) {
+  ServerOptions options;
+  options.allowed_origins = {"http://app.example:3000"};
+  options.api_key = "k";
+  ScriptedServer s(qwen3_template(), options);
+  s.generator.set_script({{"hi"}});
+  const HttpResponse preflight =
+      fetch(s.port, "OPTIONS", "/v1/chat/completions", "",
+            {"Origin: http://app.example:3000", "Access-Control-Request-Method: POST",
+             "Access-Control-Request-Headers: authorization, content-type, x-stainless-os"});
+  EXPECT_EQ(preflight.status, 204);
+  EXPECT_EQ(preflight.header("access-control-allow-origin"), "http://app.example:3000");
+  EXPECT_THAT(preflight.header("access-control-allow-methods"), HasSubstr("POST"));
+  EXPECT_EQ(preflight.header("access-control-allow-headers"), "authorization, content-type, x-stainless-os");
+  for (const bool stream : {false, true}) {
+    const HttpResponse r = s.post("/v1/chat/completions", chat_body(stream),
+                                  {"Origin: http://app.example:3000", "Authorization: Bearer k"});
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.header("access-control-allow-origin"), "http://app.example:3000");
+    EXPECT_EQ(r.header("vary"), "Origin");
+  }
+  // An error keeps the header, so the page can read why.
+  const HttpResponse denied = s.post("/v1/chat/completions", chat_body(false), {"Origin: http://app.example:3000"});
+  EXPECT_EQ(denied.status, 401);
+  EXPECT_EQ(denied.header("access-control-allow-origin"), "http://app.example:3000");
+  // Another origin gets no CORS answer: the browser keeps the response from the page.
+  const HttpResponse other = fetch(s.port, "OPTIONS", "/v1/chat/completions", "",
+                                   {"Origin: http://evil.example", "Access-Control-Request-Method: POST"});
+  EXPECT_NE(other.status, 204);
+  EXPECT_EQ(other.header("access-control-allow-origin"), "");
+  ScriptedServer off;
+  EXPECT_EQ(fetch(off.port, "OPTIONS", "/v1/models", "",
+                  {"Origin: http://app.example:3000", "Access-Control-Request-Method: GET"})
+                .header("access-control-allow-origin"),
+            "");
+}
+
+// The HTTP layer's own refusals carry the API's error body.
+TEST(ScriptedServer, MalformedHttpGetsAnApiErrorBody) {
+  ScriptedServer s;
+  RawConnection c(s.port);
+  c.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab");
+  const HttpResponse r = parse_http(c.read_all());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body_json()["error"]["message"], "the request has more than one Content-Length header");
+  RawConnection big(s.port);
+  big.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           "Transfer-Encoding: chunked\r\n\r\n");
+  for (int i = 0; i < 20; ++i) big.send("10000\r\n" + std::string(0x10000, ' ') + "\r\n");  // 1.25 MiB > 1 MiB
+  const HttpResponse too_big = parse_http(big.read_all());
+  EXPECT_EQ(too_big.status, 413);
+  EXPECT_THAT(too_big.body_json()["error"]["message"].get<std::string>(), HasSubstr("larger than this server accepts"));
+}
+
 TEST(ScriptedServer, ClientLeavingMidStreamCancelsItsRequest) {
   ScriptedServer s;
   s.generator.set_script({std::vector<std::string>(2000, "tok "), "stop", 5ms});
