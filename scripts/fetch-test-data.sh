@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 
 # The npm clients the server tests drive `qinfer serve` with, pinned exactly, into .deps/node/: the
 # `openai` client; the Vercel AI SDK (`ai`, with its OpenAI and OpenAI-compatible chat providers),
-# LangChain's ChatOpenAI and zod for the structured-output client tests; ajv (with ajv-formats), the
+# LangChain's ChatOpenAI and zod for the structured-output client tests; Anthropic's client for
+# /v1/messages and OpenAI's Agents SDK (0.14, the last on openai 6) for /v1/responses; ajv (with ajv-formats), the
 # JSON Schema validator that checks generated outputs independently of the server's grammars. Every newer major of these
 # (openai 7, ai 7 with @ai-sdk/* 4 / openai-compatible 3, @langchain/openai >= 1.5.9) needs node >= 22;
 # these run on the node 20 of CI and dev machines. zod 4 is what ai / openai / @langchain/* peer-depend
@@ -26,6 +27,8 @@ node_packages=(
   "@langchain/openai@1.5.8"
   "ajv@8.20.0"
   "ajv-formats@3.0.1"
+  "@anthropic-ai/sdk@1.16.0"
+  "@openai/agents@0.14.3"
 )
 node_dest=".deps/node"
 

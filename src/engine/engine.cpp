@@ -181,7 +181,8 @@ struct Engine::Impl {
   void output_loop();
   void process(Output& out);
   void emit(Request& r, Event e);
-  void finish_choice(Request& r, int32_t choice, const std::string& reason, const std::string& error);
+  void finish_choice(Request& r, int32_t choice, const std::string& reason, const std::string& error,
+                     const std::string& stop_string = "");
 
   models::Runner& model;
   const tokenizer::Tokenizer& tokenizer;
@@ -473,7 +474,7 @@ void Engine::Impl::process(Output& out) {
       if (!stopped && !t.finish_reason.empty()) delta.text += c.text->finish();
       emit(r, std::move(delta));
       if (stopped) {
-        finish_choice(r, t.choice, "stop", "");
+        finish_choice(r, t.choice, "stop", "", c.text->matched());
         // The model thread may have run it a step further; it frees it now.
         if (t.finish_reason.empty()) {
           std::lock_guard lock(mu);
@@ -515,7 +516,8 @@ void Engine::Impl::emit(Request& r, Event e) {
   wake.notify_one();
 }
 
-void Engine::Impl::finish_choice(Request& r, int32_t choice, const std::string& reason, const std::string& error) {
+void Engine::Impl::finish_choice(Request& r, int32_t choice, const std::string& reason, const std::string& error,
+                                 const std::string& stop_string) {
   Request::Choice& c = r.choices[static_cast<size_t>(choice)];
   if (c.finished) return;
   c.finished = true;
@@ -526,6 +528,7 @@ void Engine::Impl::finish_choice(Request& r, int32_t choice, const std::string& 
   Event e{Event::Kind::finished, choice};
   e.finish_reason = reason;
   e.error = error;
+  e.stop_string = stop_string;
   e.prompt_tokens = static_cast<int64_t>(r.params.prompt.size());
   e.cached_prompt_tokens = c.cached_prompt_tokens;
   e.completion_tokens = c.completion_tokens;

@@ -91,6 +91,7 @@ struct Event {
   // kind == finished:
   std::string finish_reason;           // "stop" | "length" | "cancelled" | "error"
   std::string error;                   // why, when finish_reason == "error"
+  std::string stop_string;             // the stop string that ended it ("stop" by a stop string)
   // Per choice. completion_tokens counts every sampled token, a final stop id included.
   int64_t prompt_tokens = 0, cached_prompt_tokens = 0, completion_tokens = 0;
 };

@@ -18,6 +18,7 @@ std::string TextStream::push(int32_t token, bool may_stop) {
   }
   if (end != std::string::npos) {
     stopped_ = true;
+    matched_ = pending_.substr(end, length);
     std::string out = pending_.substr(0, include_stop_ ? end + length : end);
     pending_.clear();
     return out;

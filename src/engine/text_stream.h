@@ -25,6 +25,7 @@ class TextStream {
   // stop string: at max_tokens, the context limit or a stop id.
   std::string finish();
   bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }  // the stop string that stopped it
 
  private:
   tokenizer::StreamDecoder decoder_;
@@ -32,6 +33,7 @@ class TextStream {
   bool include_stop_;
   std::string pending_;  // decoded text not yet final (may begin a stop string)
   bool stopped_ = false;
+  std::string matched_;
 };
 
 // Length of the longest suffix of `text` that is a proper prefix of one of `needles` (stop strings,

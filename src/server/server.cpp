@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/json.h"
+#include "server/anthropic.h"
 #include "server/chat_output.h"
 #include "server/metrics.h"
 #include "server/responses.h"
@@ -30,7 +31,8 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-enum class Endpoint { chat, completion };
+// chat: /v1/chat/completions; messages: Anthropic's /v1/messages, a chat whose answer is reframed.
+enum class Endpoint { chat, completion, messages };
 
 http::Response error_response(const ApiError& e) {
   // A client's mistake is worth a line for whoever debugs the client, not a warning.
@@ -78,6 +80,7 @@ struct ChoiceState {
   std::unique_ptr<ChatOutputParser> parser;  // chat only
   bool finished = false;
   std::string finish_reason;
+  std::string stop_string;  // the stop string that ended it (vLLM's stop_reason)
   std::optional<Clock::time_point> last_token;
   // Gathered for a non-streamed response:
   std::string reasoning, text;
@@ -119,10 +122,13 @@ struct Server::Impl {
 
   // Every request: the Host, CORS, media-type and API-key rules, then its route.
   void serve(http::Request& req, http::Responder& res);
+  // A request in /metrics and the debug log, counted before its answer's last byte leaves.
+  void count(const http::Request& req, int status);
   void generate(const http::Request& req, http::Responder& res, Endpoint endpoint, const http::Headers& cors);
   // The CORS headers of an answer to a request from an allowed Origin (none otherwise).
   http::Headers cors_headers(const http::Request& req) const;
-  std::shared_ptr<Session> chat_session(const json& body);
+  // `format`: the stream reframed for another API (it sees the usage chunk whatever the request says).
+  std::shared_ptr<Session> chat_session(const json& body, std::unique_ptr<StreamFormat> format = nullptr);
   std::shared_ptr<Session> completion_session(const json& body);
   void check_model(const std::string& requested) const;
   engine::RequestParams params_for(const GenerationRequest& r, std::vector<int32_t> prompt,
@@ -142,6 +148,8 @@ struct Server::Impl {
   json detokenize(const json& body) const;
   void check_body_model(const json& body) const;  // the body's optional "model" names the served one
   json model_card() const;
+  // Anthropic's /v1/messages/count_tokens: the prompt's tokens as the chat template renders it.
+  json count_tokens(const json& body) const;
   void stop();
 };
 
@@ -168,6 +176,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   void use_chat_output(const ChatOutputOptions& options) {
     for (ChoiceState& c : choices_) c.parser = std::make_unique<ChatOutputParser>(options);
   }
+  void use_format(std::unique_ptr<StreamFormat> format) { format_ = std::move(format); }
 
   // Queues every prompt's request; on refusal, what was queued is cancelled and ApiError thrown.
   void submit(std::vector<engine::RequestParams> params) {
@@ -257,13 +266,13 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   }
 
   // The stream's first bytes: each choice's role, as OpenAI sends it before any content.
-  std::string opening() const {
-    std::string out;
+  std::string opening() {
+    std::string out = format_ ? format_->open(prompt_tokens_) : "";
     if (endpoint_ == Endpoint::chat)
       for (size_t i = 0; i < choices_.size(); ++i) {
         json chunk = chat_chunk(header_, static_cast<int>(i), {{"role", "assistant"}, {"content", ""}}, "");
         if (token_ids_ && i == 0) chunk["prompt_token_ids"] = prompt_ids_.at(0);
-        out += sse_event(chunk);
+        out += framed(chunk);
       }
     return out;
   }
@@ -284,12 +293,14 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
                            {"message", std::move(message)},
                            {"logprobs", logprobs_ ? json{{"content", c.logprobs.is_null() ? json::array() : c.logprobs}}
                                                   : json(nullptr)},
-                           {"finish_reason", c.finish_reason}});
+                           {"finish_reason", c.finish_reason},
+                           {"stop_reason", c.stop_string.empty() ? json(nullptr) : json(c.stop_string)}});
       } else {
         choices.push_back({{"index", i},
                            {"text", c.text},
                            {"logprobs", logprobs_ ? c.logprobs : json(nullptr)},
-                           {"finish_reason", c.finish_reason}});
+                           {"finish_reason", c.finish_reason},
+                           {"stop_reason", c.stop_string.empty() ? json(nullptr) : json(c.stop_string)}});
         if (token_ids_) choices.back()["prompt_token_ids"] = prompt_ids_.at(i / static_cast<size_t>(n_));
       }
       if (token_ids_) choices.back()["token_ids"] = c.token_ids;
@@ -327,6 +338,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     // A client still listening sees "cancelled" only when the server stops.
     if (e.finish_reason == "cancelled") return fail(server_error(503, "the server is shutting down"), sse);
     c.finished = true;
+    c.stop_string = e.stop_string;
     --open_choices_;
     completion_tokens_ += e.completion_tokens;
     const size_t prompt = static_cast<size_t>(e.choice / n_);
@@ -338,9 +350,9 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     server_.metrics.request_latency.observe(seconds_since(arrival_));
     if (!sse) return;
     if (include_usage_)
-      *sse += sse_event(
+      *sse += framed(
           usage_chunk(header_, endpoint_ == Endpoint::chat ? "chat.completion.chunk" : "text_completion", usage()));
-    *sse += kSseDone;
+    *sse += format_ ? format_->close() : std::string(kSseDone);
   }
 
   void observe_tokens(ChoiceState& c, size_t tokens, Clock::time_point now) {
@@ -382,7 +394,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
       if (!finish.empty()) c.finish_reason = finish;
       if (sse) {
         if (!text.empty() || !finish.empty() || !logprobs.empty() || (token_ids_ && !tokens.empty()))
-          *sse += sse_event(with_ids(completion_chunk(header_, index, text, finish, std::move(lp))));
+          *sse += sse_event(with_stop(c, with_ids(completion_chunk(header_, index, text, finish, std::move(lp)))));
       } else {
         c.text += text;
       }
@@ -412,8 +424,8 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     }
     if (sse) {
       if (!delta.empty() || !finish.empty() || !logprobs.empty() || (token_ids_ && !tokens.empty()))
-        *sse += sse_event(
-            with_ids(chat_chunk(header_, index, chat_delta_json(delta, c.call_ids), c.finish_reason, std::move(lp))));
+        *sse += framed(with_stop(
+            c, with_ids(chat_chunk(header_, index, chat_delta_json(delta, c.call_ids), c.finish_reason, std::move(lp)))));
       return;
     }
     c.reasoning += delta.reasoning;
@@ -428,12 +440,24 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // A chunk as the client's API frames it.
+  std::string framed(const json& chunk) { return format_ ? format_->chunk(chunk) : sse_event(chunk); }
+
+  // The chunk that finishes a choice names the stop string that ended it (vLLM's stop_reason).
+  static json with_stop(const ChoiceState& c, json chunk) {
+    if (!c.finish_reason.empty() && !chunk["choices"].empty())
+      chunk["choices"][0]["stop_reason"] = c.stop_string.empty() ? json(nullptr) : json(c.stop_string);
+    return chunk;
+  }
+
   void fail(ApiError error, std::string* sse) {
     cancel_all();
     done_ = true;
     for (ChoiceState& c : choices_)
       if (!c.finished) server_.metrics.count_finish(error.status == 503 ? "cancelled" : "error");
-    if (sse) {
+    if (sse && format_) {
+      *sse += format_->error(error);
+    } else if (sse) {
       // openai clients raise an APIError for an "error" event in a stream.
       json body = error.body();
       body["error"]["code"] = error.status;
@@ -466,6 +490,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   std::vector<uint64_t> ids_;
   bool cancelled_ = false;
   bool gone_ = false;
+  std::unique_ptr<StreamFormat> format_;
 };
 
 void Server::Impl::check_model(const std::string& requested) const {
@@ -533,8 +558,10 @@ std::shared_ptr<grammar::GrammarMasks> Server::Impl::constraint_for(const Genera
   }
 }
 
-std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& body) {
+std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& body,
+                                                                  std::unique_ptr<StreamFormat> format) {
   ChatRequest r = parse_chat_request(body, model.sampling_defaults, options.limits);
+  if (format) r.include_usage = true;
   check_model(r.model);
   if (!model.chat_template)
     bad_request("messages", "this model has no chat template; send a prompt to /v1/completions instead");
@@ -569,6 +596,7 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::chat_session(const json& bo
   }
   auto session = std::make_shared<Session>(*this, Endpoint::chat, r, 1);
   session->use_chat_output(output);
+  if (r.stream && format) session->use_format(std::move(format));
   std::vector<engine::RequestParams> params;
   params.push_back(
       params_for(r, model.tokenizer->encode(prompt, r.add_special_tokens.value_or(false)), "messages", reasoning));
@@ -600,7 +628,10 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::completion_session(const js
 
 void Server::Impl::generate(const http::Request& req, http::Responder& res, Endpoint endpoint,
                             const http::Headers& cors) {
-  auto fail_with = [&](http::Response r) {
+  auto fail_with = [&](const ApiError& e) {
+    count(req, e.status);
+    http::Response r = error_response(e);
+    if (endpoint == Endpoint::messages) r.body = dump(anthropic_error_body(e));
     r.headers.insert(r.headers.end(), cors.begin(), cors.end());
     res.send(std::move(r));
   };
@@ -608,9 +639,12 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
   try {
     if (stopping) throw server_error(503, "the server is shutting down");
     const json body = parse_body(req.body);
-    session = endpoint == Endpoint::chat ? chat_session(body) : completion_session(body);
+    if (endpoint == Endpoint::messages)
+      session = chat_session(anthropic_chat_body(body), anthropic_stream(model.name));
+    else
+      session = endpoint == Endpoint::chat ? chat_session(body) : completion_session(body);
   } catch (const ApiError& e) {
-    return fail_with(error_response(e));
+    return fail_with(e);
   }
   {
     std::lock_guard lock(sessions_mutex);
@@ -632,23 +666,27 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
       if (done) break;
     }
     if (!open) session->abandon();  // the client went away
-    res.end_stream();
+    count(req, 200);
     metrics.stream_closed();
+    res.end_stream();
     return;
   }
   try {
     while (!session->pump(nullptr, 1000ms)) {
     }
     if (res.client_gone()) return;
-    http::Response r = json_response(session->response());
+    json answer = session->response();
+    if (endpoint == Endpoint::messages) answer = anthropic_message(answer);
+    http::Response r = json_response(answer);
     r.headers = cors;
+    count(req, 200);
     res.send(std::move(r));
   } catch (const ApiError& e) {
-    fail_with(error_response(e));
+    fail_with(e);
   } catch (const std::exception& e) {
     session->cancel_all();
     log_error("{} {}: {}", req.method, req.path, e.what());
-    fail_with(error_response(server_error(500, fmt::format("internal error: {}", e.what()))));
+    fail_with(server_error(500, fmt::format("internal error: {}", e.what())));
   }
 }
 
@@ -755,14 +793,18 @@ json Server::Impl::health() const {
 }
 
 void Server::Impl::serve(http::Request& req, http::Responder& res) {
-  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                              "/metrics", "/tokenize", "/detokenize"};
+  const bool anthropic = req.path.starts_with("/v1/messages");
   const http::Headers cors = cors_headers(req);
-  int status = 200;
   auto send = [&](http::Response r) {
-    status = r.status;
+    count(req, r.status);
     r.headers.insert(r.headers.end(), cors.begin(), cors.end());
     res.send(std::move(r));
+  };
+  // Anthropic's clients read their own error shape.
+  auto send_error = [&](const ApiError& e) {
+    http::Response r = error_response(e);
+    if (anthropic) r.body = dump(anthropic_error_body(e));
+    send(std::move(r));
   };
   try {
     if (const std::string* host = req.header("host"); host && !host_allowed(*host))
@@ -776,7 +818,6 @@ void Server::Impl::serve(http::Request& req, http::Responder& res) {
                     req.header_or("access-control-request-headers", "Authorization, Content-Type")},
                    {"Access-Control-Max-Age", "600"}};
       send(std::move(r));
-      metrics.count_request(known.contains(req.path) ? req.path : "other", status);
       return;
     }
     // Bodies are JSON only when they say so: a web page's cross-site form or text/plain POST (which
@@ -793,18 +834,27 @@ void Server::Impl::serve(http::Request& req, http::Responder& res) {
     }
     const bool guarded = req.path.starts_with("/v1/") || req.path == "/tokenize" || req.path == "/detokenize";
     if (!options.api_key.empty() && guarded) {
-      const std::string given = req.header_or("authorization");
+      // Anthropic's clients send the key as x-api-key.
+      const std::string* x_api_key = req.header("x-api-key");
+      const std::string given = x_api_key ? "Bearer " + *x_api_key : req.header_or("authorization");
       const std::string expected = "Bearer " + options.api_key;
       // Compared in full whatever the mismatch, so timing does not reveal a prefix.
       unsigned char diff = given.size() == expected.size() ? 0 : 1;
       for (size_t i = 0; i < expected.size(); ++i) diff |= expected[i] ^ (i < given.size() ? given[i] : 0);
       if (diff != 0)
         throw ApiError(401, "invalid_request_error", "invalid_api_key", "",
-                       given.empty() ? "missing API key: send \"Authorization: Bearer <key>\"" : "incorrect API key");
+                       given.empty() ? "missing API key: send \"Authorization: Bearer <key>\" (or \"x-api-key: <key>\")"
+                                     : "incorrect API key");
     }
     const bool post = req.method == "POST", get = req.method == "GET" || req.method == "HEAD";
-    if (post && (req.path == "/v1/chat/completions" || req.path == "/v1/completions")) {
-      generate(req, res, req.path == "/v1/chat/completions" ? Endpoint::chat : Endpoint::completion, cors);
+    if (post && (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/messages")) {
+      generate(req, res,
+               req.path == "/v1/chat/completions" ? Endpoint::chat
+               : req.path == "/v1/messages"       ? Endpoint::messages
+                                                  : Endpoint::completion,
+               cors);
+    } else if (post && req.path == "/v1/messages/count_tokens") {
+      send(json_response(count_tokens(parse_body(req.body))));
     } else if (get && req.path == "/v1/models") {
       send(json_response({{"object", "list"}, {"data", json::array({model_card()})}}));
     } else if (get && req.path.starts_with("/v1/models/")) {
@@ -824,13 +874,33 @@ void Server::Impl::serve(http::Request& req, http::Responder& res) {
       throw ApiError(404, "invalid_request_error", "not_found", "", fmt::format("{} {}: no such endpoint", req.method, req.path));
     }
   } catch (const ApiError& e) {
-    if (!res.answered()) send(error_response(e));
+    if (!res.answered()) send_error(e);
   } catch (const std::exception& e) {
     log_error("{} {}: {}", req.method, req.path, e.what());
-    if (!res.answered()) send(error_response(server_error(500, fmt::format("internal error: {}", e.what()))));
+    if (!res.answered()) send_error(server_error(500, fmt::format("internal error: {}", e.what())));
   }
+}
+
+void Server::Impl::count(const http::Request& req, int status) {
+  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                              "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics",
+                                              "/tokenize", "/detokenize"};
   metrics.count_request(known.contains(req.path) ? req.path : "other", status);
   log_debug("{} {} {}", req.method, req.path, status);
+}
+
+json Server::Impl::count_tokens(const json& body) const {
+  const json chat = anthropic_chat_body(body, /*count_only=*/true);
+  const ChatRequest r = parse_chat_request(chat, model.sampling_defaults, options.limits);
+  check_model(r.model);
+  if (!model.chat_template) bad_request("messages", "this model has no chat template");
+  std::string prompt;
+  try {
+    prompt = model.chat_template->render(r.template_request);
+  } catch (const qinfer::Error& e) {
+    bad_request("messages", "the chat template rejected the request: {}", e.what());
+  }
+  return {{"input_tokens", model.tokenizer->encode(prompt, false).size()}};
 }
 
 json Server::Impl::model_card() const {

@@ -409,6 +409,104 @@ TEST(ScriptedServer, LoopbackServersCheckTheHostHeader) {
   EXPECT_EQ(get_with_host(a.port, "anything.example").status, 200);
 }
 
+// Anthropic events: (name, data) in order.
+std::vector<std::pair<std::string, json>> anthropic_events(const std::string& body) {
+  std::vector<std::pair<std::string, json>> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string e = body.substr(pos, end - pos);
+    pos = end + 2;
+    const size_t nl = e.find('\n');
+    if (!e.starts_with("event: ") || nl == std::string::npos || e.compare(nl + 1, 6, "data: ") != 0) continue;
+    out.emplace_back(e.substr(7, nl - 7), json::parse(e.substr(nl + 7), nullptr, false));
+  }
+  return out;
+}
+
+// /v1/messages: reasoning, then a tool call, streamed as Anthropic's events (thinking and tool_use
+// blocks, input_json_delta) and whole as a message; the key may come as x-api-key.
+TEST(ScriptedServer, AnthropicMessagesWithThinkingAndToolUse) {
+  ServerOptions options;
+  options.api_key = "k";
+  ScriptedServer s(qwen3_template(), options);
+  const std::string output =
+      "<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
+  s.generator.set_script({pieces(output, 5)});
+  const json body = {{"model", "scripted"}, {"max_tokens", 100},
+                     {"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+                     {"tools", {{{"name", "get_weather"}, {"input_schema", kTools[0]["function"]["parameters"]}}}}};
+  const HttpResponse whole = s.post("/v1/messages", body, {"x-api-key: k"});
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json m = whole.body_json();
+  EXPECT_EQ(m["type"], "message");
+  ASSERT_EQ(m["content"].size(), 2u) << m.dump();
+  EXPECT_EQ(m["content"][0]["type"], "thinking");
+  EXPECT_EQ(m["content"][0]["thinking"], "The user wants the weather.");
+  EXPECT_EQ(m["content"][1]["type"], "tool_use");
+  EXPECT_EQ(m["content"][1]["name"], "get_weather");
+  EXPECT_EQ(m["content"][1]["input"].dump(), R"({"city":"Paris","days":2})");
+  EXPECT_EQ(m["stop_reason"], "tool_use");
+  EXPECT_EQ(m["usage"]["output_tokens"], static_cast<int>(pieces(output, 5).size()));
+
+  json streamed = body;
+  streamed["stream"] = true;
+  const HttpResponse r = s.post("/v1/messages", streamed, {"x-api-key: k"});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto events = anthropic_events(r.body);
+  std::vector<std::string> names;
+  std::string thinking, input;
+  for (const auto& e : events) {
+    names.push_back(e.first);
+    EXPECT_EQ(e.second["type"], e.first);  // the event line names the data's type
+    if (e.first == "content_block_delta" && e.second["delta"]["type"] == "thinking_delta")
+      thinking += e.second["delta"]["thinking"].get<std::string>();
+    if (e.first == "content_block_delta" && e.second["delta"]["type"] == "input_json_delta")
+      input += e.second["delta"]["partial_json"].get<std::string>();
+  }
+  ASSERT_GE(names.size(), 8u);
+  EXPECT_EQ(names.front(), "message_start");
+  EXPECT_EQ(names[1], "ping");
+  EXPECT_EQ(names.back(), "message_stop");
+  EXPECT_EQ(names[names.size() - 2], "message_delta");
+  EXPECT_EQ(events[names.size() - 2].second["delta"]["stop_reason"], "tool_use");
+  EXPECT_EQ(thinking, "The user wants the weather.");
+  EXPECT_EQ(json::parse(input), (json{{"city", "Paris"}, {"days", 2}}));
+  int starts = 0;
+  for (const auto& e : events)
+    if (e.first == "content_block_start") {
+      EXPECT_EQ(e.second["index"], starts++);
+      if (starts == 2) {
+        EXPECT_EQ(e.second["content_block"]["type"], "tool_use");
+        EXPECT_EQ(e.second["content_block"]["name"], "get_weather");
+      }
+    }
+  EXPECT_EQ(starts, 2);
+
+  // Refusals in Anthropic's error shape, naming the field.
+  json unknown = body;
+  unknown["container"] = "c";
+  const HttpResponse refused = s.post("/v1/messages", unknown, {"x-api-key: k"});
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(refused.body_json()["type"], "error");
+  EXPECT_EQ(refused.body_json()["error"]["type"], "invalid_request_error");
+  EXPECT_THAT(refused.body_json()["error"]["message"].get<std::string>(), HasSubstr("container"));
+  const HttpResponse unauthorized = s.post("/v1/messages", body, {"x-api-key: wrong"});
+  EXPECT_EQ(unauthorized.status, 401);
+  EXPECT_EQ(unauthorized.body_json()["error"]["type"], "authentication_error");
+}
+
+// vLLM's stop_reason: the stop string that ended a choice, null otherwise.
+TEST(ScriptedServer, ChoicesNameTheStopStringThatEndedThem) {
+  ScriptedServer s;
+  s.generator.set_script({{"a"}});
+  const json r = s.post("/v1/completions", json{{"prompt", "hi"}}).body_json();
+  EXPECT_TRUE(r["choices"][0].contains("stop_reason"));
+  EXPECT_TRUE(r["choices"][0]["stop_reason"].is_null());
+}
+
 // A client that gives up on a non-streamed request (a timeout) frees the sequence within a step,
 // not at max_tokens; /metrics counts it as cancelled.
 TEST(ScriptedServer, ClientLeavingANonStreamedRequestCancelsIt) {
