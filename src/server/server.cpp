@@ -18,6 +18,7 @@
 #include "server/chat_output.h"
 #include "server/metrics.h"
 #include "server/responses.h"
+#include "server/responses_api.h"
 
 namespace qinfer::server {
 namespace {
@@ -31,8 +32,9 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// chat: /v1/chat/completions; messages: Anthropic's /v1/messages, a chat whose answer is reframed.
-enum class Endpoint { chat, completion, messages };
+// chat: /v1/chat/completions; messages (Anthropic's /v1/messages) and responses (OpenAI's
+// /v1/responses) are chats whose requests and answers are reframed.
+enum class Endpoint { chat, completion, messages, responses };
 
 http::Response error_response(const ApiError& e) {
   // A client's mistake is worth a line for whoever debugs the client, not a warning.
@@ -103,6 +105,7 @@ struct Server::Impl {
   // Changes when what answers does (the model, its template, the context): OpenAI's system_fingerprint.
   std::string fingerprint;
   Metrics metrics;
+  ResponseStore responses;  // /v1/responses kept for previous_response_id
   std::unique_ptr<http::Server> http;
   int port = -1;
   std::atomic<bool> stopping{false};
@@ -636,13 +639,28 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
     res.send(std::move(r));
   };
   std::shared_ptr<Session> session;
+  std::optional<ResponsesRequest> reframed;  // of /v1/responses
+  // A stored response continues with its conversation and the answer that ended it.
+  auto keep = [this](const ResponsesRequest& r, const json& response, const json& message) {
+    if (!r.store) return;
+    json conversation = r.conversation;
+    conversation.push_back(message);
+    responses.put(r.id, response, std::move(conversation));
+  };
   try {
     if (stopping) throw server_error(503, "the server is shutting down");
     const json body = parse_body(req.body);
-    if (endpoint == Endpoint::messages)
+    if (endpoint == Endpoint::messages) {
       session = chat_session(anthropic_chat_body(body), anthropic_stream(model.name));
-    else
+    } else if (endpoint == Endpoint::responses) {
+      reframed = responses_request(body, responses);
+      const ResponsesRequest r = *reframed;
+      session = chat_session(r.chat, responses_stream(r, [keep, r](const json& response, const json& message) {
+                               keep(r, response, message);
+                             }));
+    } else {
       session = endpoint == Endpoint::chat ? chat_session(body) : completion_session(body);
+    }
   } catch (const ApiError& e) {
     return fail_with(e);
   }
@@ -676,7 +694,13 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
     }
     if (res.client_gone()) return;
     json answer = session->response();
-    if (endpoint == Endpoint::messages) answer = anthropic_message(answer);
+    if (endpoint == Endpoint::messages) {
+      answer = anthropic_message(answer);
+    } else if (endpoint == Endpoint::responses) {
+      const json message = assistant_message(answer);
+      answer = responses_object(*reframed, answer);
+      keep(*reframed, answer, message);
+    }
     http::Response r = json_response(answer);
     r.headers = cors;
     count(req, 200);
@@ -847,12 +871,25 @@ void Server::Impl::serve(http::Request& req, http::Responder& res) {
                                      : "incorrect API key");
     }
     const bool post = req.method == "POST", get = req.method == "GET" || req.method == "HEAD";
-    if (post && (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/messages")) {
+    if (post && (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/messages" ||
+                 req.path == "/v1/responses")) {
       generate(req, res,
                req.path == "/v1/chat/completions" ? Endpoint::chat
                : req.path == "/v1/messages"       ? Endpoint::messages
+               : req.path == "/v1/responses"      ? Endpoint::responses
                                                   : Endpoint::completion,
                cors);
+    } else if ((get || req.method == "DELETE") && req.path.starts_with("/v1/responses/")) {
+      const std::string id = req.path.substr(std::string_view("/v1/responses/").size());
+      const std::optional<json> stored = responses.response(id);
+      if (!stored)
+        throw ApiError(404, "invalid_request_error", "not_found", "", fmt::format("Response with id '{}' not found.", id));
+      if (get) {
+        send(json_response(*stored));
+      } else {
+        responses.erase(id);
+        send(json_response({{"id", id}, {"object", "response.deleted"}, {"deleted", true}}));
+      }
     } else if (post && req.path == "/v1/messages/count_tokens") {
       send(json_response(count_tokens(parse_body(req.body))));
     } else if (get && req.path == "/v1/models") {
@@ -882,7 +919,7 @@ void Server::Impl::serve(http::Request& req, http::Responder& res) {
 }
 
 void Server::Impl::count(const http::Request& req, int status) {
-  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
                                               "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics",
                                               "/tokenize", "/detokenize"};
   metrics.count_request(known.contains(req.path) ? req.path : "other", status);

@@ -239,6 +239,20 @@ TEST(LiveServer, AnthropicClient) {
   }
 }
 
+// OpenAI's Responses API through the clients that default to it: openai's responses.*, the AI SDK's
+// default openai('…') model and @openai/agents (an agent run and a tool call), on both call formats.
+TEST(LiveServer, ResponsesClients) {
+  for (const char* package : {"@openai/agents", "@ai-sdk/openai", "ai", "zod"})
+    ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / package / "package.json"))
+        << "the " << package << " npm package is missing: run scripts/fetch-test-data.sh";
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "Qwen3.5, XML calls" : "Qwen3, Hermes calls");
+    LiveServer s(hybrid, hybrid ? "qwen35_features.jinja" : "qwen3.jinja", /*max_context=*/4096);
+    run_node("responses_client.mjs", s.port());
+    expect_all_free(s);
+  }
+}
+
 // Every schema of the grammar corpus over seeded runs, each output validated by ajv, on the demo
 // model (3 seeds) and on a random-weight model with the real Qwen3 tokenizer (1 seed: its 152k-row
 // head and sampling are most of the test's time); regexes and choices likewise. Under the
