@@ -206,7 +206,7 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir) {
        dir.string());
 }
 
-std::string ChatTemplate::render(const ordered_json& request) const {
+std::string ChatTemplate::render(const ordered_json& request, const jinja::Limits& limits) const {
   QINFER_CHECK(request.is_object(), "request: expected a JSON object, got {}", json_type(request));
   const ordered_json messages = normalized_messages(request);
   const bool has_tools = request.contains("tools") && !request["tools"].is_null();
@@ -248,7 +248,7 @@ std::string ChatTemplate::render(const ordered_json& request) const {
     for (const auto& [name, t] : templates_) names += (names.empty() ? "" : ", ") + name;
     fail("no 'default' chat template among the named templates ({})", names);
   }
-  std::string prompt = chosen->render(context);
+  std::string prompt = chosen->render(context, limits);
   if (continue_final) prompt = cut_after_final_message(prompt, messages.back());
   return prompt;
 }

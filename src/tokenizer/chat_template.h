@@ -37,8 +37,9 @@ class ChatTemplate {
 
   // The prompt for an OpenAI chat-completions request body. Throws qinfer::Error naming the
   // request field for a malformed request, jinja::Error naming the template line for a template
-  // that fails (ErrorKind::raised when the template called raise_exception).
-  std::string render(const nlohmann::ordered_json& request) const;
+  // that fails (ErrorKind::raised when the template called raise_exception, ErrorKind::limit when
+  // it ran past `limits`).
+  std::string render(const nlohmann::ordered_json& request, const jinja::Limits& limits = {}) const;
 
  private:
   std::vector<std::pair<std::string, jinja::Template>> templates_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <unordered_map>
@@ -13,8 +14,6 @@
 namespace qinfer::jinja {
 namespace {
 
-// Strings and lists built by `*` are capped: a template is not a memory benchmark.
-constexpr size_t kMaxBuiltSize = size_t{256} << 20;
 // Jinja2's sandbox refuses larger ranges (MAX_RANGE).
 constexpr int64_t kMaxRange = 100000;
 
@@ -69,20 +68,32 @@ int64_t mul_int(int64_t a, int64_t b) {
   return r;
 }
 
+// The size of `times` copies of `unit` bytes, refused unless the render's memory budget holds it.
+size_t repeated_size(size_t unit, int64_t times) {
+  uint64_t total;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(times), static_cast<uint64_t>(unit), &total))
+    raise(ErrorKind::limit, "repetition too large");
+  ensure_bytes(total);
+  return total;
+}
+
 Value repeat(const Value& seq, int64_t times) {
   times = std::max<int64_t>(times, 0);
   if (seq.is_string()) {
     const std::string& s = seq.as_string();
-    if (static_cast<size_t>(times) > kMaxBuiltSize / std::max<size_t>(s.size(), 1))
-      raise(ErrorKind::limit, "string repetition too large");
+    const size_t total = repeated_size(s.size(), times);
+    if (total == 0) return std::string();
+    // By doubling: memcpy speed even for a one-character string repeated a hundred million times.
     std::string out;
-    for (int64_t i = 0; i < times; ++i) out += s;
+    out.reserve(total);
+    out = s;
+    while (out.size() * 2 <= total) out.append(out.data(), out.size());
+    out.append(out.data(), total - out.size());
     return out;
   }
   const ValueList& items = seq.as_list();
-  if (static_cast<size_t>(times) > kMaxBuiltSize / sizeof(Value) / std::max<size_t>(items.size(), 1))
-    raise(ErrorKind::limit, "list repetition too large");
   ValueList out;
+  out.reserve(repeated_size(items.size() * sizeof(Value), times) / sizeof(Value));
   for (int64_t i = 0; i < times; ++i) out.insert(out.end(), items.begin(), items.end());
   return seq.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
 }
@@ -109,7 +120,8 @@ std::string self_str(const Value& self) { return self.as_string(); }
 bool prefix_test(const Value& self, CallArgs& args, bool suffix) {
   const char* fn = suffix ? "endswith" : "startswith";
   Params p(fn, args, {"prefix", "start", "end"}, 1);
-  std::string s = self.as_string();
+  std::string_view s = self.as_string();
+  std::string part_text;
   if (p.given(1) || p.given(2)) {
     const int64_t n = static_cast<int64_t>(py::length(s));
     std::u32string text = py::decode(s);
@@ -117,11 +129,13 @@ bool prefix_test(const Value& self, CallArgs& args, bool suffix) {
                                  p.given(2) ? std::optional(p.integer(2, 0)) : std::nullopt, 1);
     std::u32string part;
     for (int64_t i : idx) part += text[i];
-    s = py::encode(part);
+    part_text = py::encode(part);
+    s = part_text;
   }
   auto test = [&](const Value& v) {
     if (!v.is_string())
       raise(ErrorKind::type, "{} first arg must be str or a tuple of str, not {}", fn, type_name(v));
+    count_scan(v.as_string().size());
     return suffix ? s.ends_with(v.as_string()) : s.starts_with(v.as_string());
   };
   if (p[0].is_tuple()) return std::any_of(p[0].as_list().begin(), p[0].as_list().end(), test);
@@ -160,6 +174,7 @@ Value justify(const Value& self, CallArgs& args, const char* name, int mode) {
   // CPython's center() puts the odd space on the left only when the width is odd.
   const int64_t left = mode < 0 ? 0 : mode > 0 ? pad : pad / 2 + (pad & width & 1);
   std::string out;
+  out.reserve(s.size() + repeated_size(fill.size(), pad));
   for (int64_t i = 0; i < left; ++i) out += fill;
   out += s;
   for (int64_t i = 0; i < pad - left; ++i) out += fill;
@@ -211,6 +226,7 @@ const std::unordered_map<std::string_view, Method>& string_methods() {
          for (size_t i = 0; i < items.size(); ++i) {
            if (!items[i].is_string())
              raise(ErrorKind::type, "sequence item {}: expected str instance, {} found", i, type_name(items[i]));
+           ensure_bytes(out.size() + s.as_string().size() + items[i].as_string().size());
            if (i) out += s.as_string();
            out += items[i].as_string();
          }
@@ -268,6 +284,7 @@ const std::unordered_map<std::string_view, Method>& string_methods() {
          std::string t = s.as_string();
          const int64_t pad = p.integer(0, 0) - static_cast<int64_t>(py::length(t));
          if (pad <= 0) return Value(t);
+         ensure_bytes(t.size() + static_cast<uint64_t>(pad));
          const size_t sign = !t.empty() && (t[0] == '-' || t[0] == '+') ? 1 : 0;
          t.insert(sign, std::string(static_cast<size_t>(pad), '0'));
          return Value(t);
@@ -288,6 +305,7 @@ Value list_method(const Value& self, const std::string& name) {
   if (name == "count")
     return make_function("count", [self](CallArgs& a) {
       Params p("count", a, {"value"}, 1);
+      count_steps(self.as_list().size());
       return Value(static_cast<int64_t>(
           std::count_if(self.as_list().begin(), self.as_list().end(), [&](const Value& v) { return py_equal(v, p[0]); })));
     });
@@ -295,6 +313,7 @@ Value list_method(const Value& self, const std::string& name) {
     return make_function("index", [self](CallArgs& a) {
       Params p("index", a, {"value"}, 1);
       const ValueList& items = self.as_list();
+      count_steps(items.size());
       for (size_t i = 0; i < items.size(); ++i)
         if (py_equal(items[i], p[0])) return Value(static_cast<int64_t>(i));
       raise(ErrorKind::value, "{} is not in list", to_repr(p[0]));
@@ -570,6 +589,7 @@ Value binary_op(BinaryOp op, const Value& a, const Value& b) {
       if (floats) return a.as_float() + b.as_float();
       if (numbers) return add_int(a.as_int(), b.as_int());
       if (a.is_string() && b.is_string()) {
+        ensure_bytes(a.as_string().size() + b.as_string().size());
         // Markup + str escapes the plain side, as markupsafe does.
         if (a.is_markup() || b.is_markup()) {
           const std::string left = a.is_markup() ? a.as_string() : py::html_escape(a.as_string());
@@ -579,6 +599,7 @@ Value binary_op(BinaryOp op, const Value& a, const Value& b) {
         return a.as_string() + b.as_string();
       }
       if (a.is_sequence_list() && b.is_sequence_list() && a.is_tuple() == b.is_tuple()) {
+        ensure_bytes((a.as_list().size() + b.as_list().size()) * sizeof(Value));
         ValueList out = a.as_list();
         out.insert(out.end(), b.as_list().begin(), b.as_list().end());
         return a.is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
@@ -659,6 +680,7 @@ bool contains(const Value& container, const Value& item) {
     case Kind::string:
       if (!item.is_string())
         raise(ErrorKind::type, "'in <string>' requires string as left operand, not {}", type_name(item));
+      count_scan(container.as_string().size());
       return container.as_string().find(item.as_string()) != std::string::npos;
     case Kind::list: {
       const ValueList items = iterate(container);
@@ -671,14 +693,17 @@ bool contains(const Value& container, const Value& item) {
   }
 }
 
+// A step per item: builtins that walk lists (in, join, sort, map) count their work this way.
 ValueList iterate(const Value& v) {
   switch (v.kind()) {
     case Kind::undefined: return {};
     case Kind::list:
       if (v.flavor() == ListFlavor::failed_iterator)
         throw Error(static_cast<ErrorKind>(v.as_list()[1].as_int()), v.as_list()[0].as_string());
+      count_steps(v.as_list().size());
       return v.as_list();
     case Kind::dict: {
+      count_steps(v.as_dict().size());
       ValueList keys;
       for (const auto& [k, value] : v.as_dict().entries()) keys.push_back(k);
       return keys;
@@ -753,9 +778,18 @@ std::string percent_format(const std::string& format, const Value& args) {
   size_t next = 0;
   bool used_mapping = false;
   std::string out;
+  count_scan(format.size());
   auto take = [&]() -> const Value& {
     if (next >= positional.size()) raise(ErrorKind::type, "not enough arguments for format string");
     return positional[next++];
+  };
+  // Widths and precisions saturate: the memory budget refuses what they would build.
+  auto count_of = [](const std::string& digits) -> int64_t {
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    (void)end;
+    if (ec == std::errc::result_out_of_range) return digits[0] == '-' ? INT64_MIN : INT64_MAX;
+    return n;
   };
   auto to_integer = [](const Value& v, char conv) -> int64_t {
     if (v.is_int_like()) return v.as_int();
@@ -812,9 +846,10 @@ std::string percent_format(const std::string& format, const Value& args) {
         std::string s = conv == 's' ? to_str(v) : to_repr(v);
         if (!precision.empty()) {
           std::u32string t = py::decode(s);
-          s = py::encode(t.substr(0, std::stoul(precision)));
+          s = py::encode(t.substr(0, static_cast<size_t>(std::max<int64_t>(count_of(precision), 0))));
         }
-        const int64_t pad = (width.empty() ? 0 : std::stoll(width)) - static_cast<int64_t>(py::length(s));
+        const int64_t pad = (width.empty() ? 0 : count_of(width)) - static_cast<int64_t>(py::length(s));
+        ensure_bytes(out.size() + s.size() + static_cast<uint64_t>(std::max<int64_t>(pad, 0)));
         if (pad > 0) s = flags.find('-') != std::string::npos ? s + std::string(pad, ' ') : std::string(pad, ' ') + s;
         out += s;
         break;

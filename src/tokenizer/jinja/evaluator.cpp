@@ -3,7 +3,9 @@
 // it was written; `if` gets none; assignments go to the innermost scope, so `set` inside a loop
 // never leaks out of it.
 #include <algorithm>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "tokenizer/jinja/ast.h"
@@ -85,7 +87,7 @@ struct NotConstant {};
 
 class Evaluator {
  public:
-  explicit Evaluator(const std::string& source) : source_(source) {}
+  Evaluator(const std::string& source, Budget& budget) : source_(source), budget_(budget) {}
   // Namespaces are the only mutable values, so only they can close a reference cycle
   // (`set ns.me = ns`); emptying the ones this render assigned to frees them.
   ~Evaluator() {
@@ -107,15 +109,35 @@ class Evaluator {
  private:
   Flow exec(const Stmt& stmt, const ScopePtr& scope) {
     try {
+      budget_.step();
       return std::visit([&](const auto& node) { return run(node, stmt.line, scope); }, stmt.node);
     } catch (const Error& e) {
       if (e.line() > 0) throw;
       throw e.located(source_, stmt.line);
+    } catch (const std::bad_alloc&) {
+      out_of_memory(stmt.line);
+    } catch (const std::length_error&) {
+      out_of_memory(stmt.line);
     }
   }
 
+  // The budget refuses what would not fit, but an allocation it allowed can still fail: that
+  // fails the render, not the process.
+  [[noreturn]] void out_of_memory(int line) const {
+    throw Error(ErrorKind::limit, "the template ran out of memory", source_, line);
+  }
+
+  void emit(std::string_view text) {
+    budget_.charge(text.size());
+    out += text;
+  }
+  void emit(const Value& v) {
+    if (v.is_string()) emit(std::string_view(v.as_string()));
+    else emit(std::string_view(to_str(v)));
+  }
+
   Flow run(const Text& node, int, const ScopePtr&) {
-    out += node.text;
+    emit(std::string_view(node.text));
     return Flow::next;
   }
 
@@ -123,10 +145,10 @@ class Evaluator {
     // Jinja renders an output expression at compile time when it can (any result will do).
     if (node.value->has_slice)
       if (auto folded = fold(*node.value, scope, false)) {
-        out += to_str(*folded);
+        emit(*folded);
         return Flow::next;
       }
-    out += to_str(eval(*node.value, scope));
+    emit(eval(*node.value, scope));
     return Flow::next;
   }
 
@@ -160,6 +182,7 @@ class Evaluator {
     // Python closures Jinja compiles to do.
     auto frame = child(scope);
     for (size_t i = 0; i < shared->size(); ++i) {
+      budget_.step();  // an empty body takes no steps of its own
       frame->vars.clear();
       frame->vars["loop"] = Value(std::make_shared<LoopContext>(shared, i, last_changed));
       assign(*node.target, (*shared)[i], *frame);
@@ -195,12 +218,12 @@ class Evaluator {
     Value callee = eval(*call.callee, scope);
     CallArgs args = eval_args(call.args, scope);
     args.keyword.emplace_back("caller", make_macro(*node.caller, scope));
-    out += to_str(invoke(callee, args));
+    emit(invoke(callee, args));
     return Flow::next;
   }
 
   Flow run(const FilterBlock& node, int, const ScopePtr& scope) {
-    out += to_str(apply_filters(*node.filter, capture(node.body, child(scope)), scope));
+    emit(apply_filters(*node.filter, capture(node.body, child(scope)), scope));
     return Flow::next;
   }
 
@@ -227,6 +250,7 @@ class Evaluator {
   }
 
   Value make_macro(const MacroDef& def, const ScopePtr& scope) {
+    budget_.charge(kValueOverhead + sizeof(Macro) + sizeof(ScopePtr));  // closures_ keeps each one
     closures_.push_back(scope);
     return Value(std::make_shared<Macro>(Macro{def.name, &def, scope.get()}));
   }
@@ -257,12 +281,17 @@ class Evaluator {
 
   Value eval(const Expr& e, const ScopePtr& scope) {
     try {
+      budget_.step();
       if (e.has_slice && !folding_)
         if (auto folded = fold(e, scope, true)) return *folded;
       return std::visit([&](const auto& node) { return value_of(node, e.line, scope); }, e.node);
     } catch (const Error& err) {
       if (err.line() > 0) throw;
       throw err.located(source_, e.line);
+    } catch (const std::bad_alloc&) {
+      out_of_memory(e.line);
+    } catch (const std::length_error&) {
+      out_of_memory(e.line);
     }
   }
 
@@ -491,8 +520,19 @@ class Evaluator {
   }
 
   Value value_of(const Concat& node, int, const ScopePtr& scope) {
+    // The parts are kept as values (no copies) and sized before the result is built.
+    ValueList parts;
+    size_t total = 0;
+    for (const auto& part : node.parts) {
+      Value v = eval(*part, scope);
+      if (!v.is_string()) v = Value(to_str(v));
+      total += v.as_string().size();
+      budget_.ensure(total);
+      parts.push_back(std::move(v));
+    }
     std::string s;
-    for (const auto& part : node.parts) s += to_str(eval(*part, scope));
+    s.reserve(total);
+    for (const Value& part : parts) s += part.as_string();
     return Value(std::move(s));
   }
 
@@ -543,6 +583,7 @@ class Evaluator {
   }
 
   const std::string& source_;
+  Budget& budget_;
   int depth_ = 0;
   bool folding_ = false;
   std::vector<ScopePtr> closures_;         // scopes that define macros, alive for the whole render
@@ -569,16 +610,19 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const Dict& context) const {
+std::string Template::render(const Dict& context, const Limits& limits) const {
+  Budget budget(limits);
   auto root = std::make_shared<Scope>();
   for (const auto& [k, v] : context.entries())
     if (k.is_string()) root->vars[k.as_string()] = v;
-  Evaluator ev(impl_->name);
+  Evaluator ev(impl_->name, budget);
   try {
     ev.exec(impl_->body, root);
   } catch (const Error& e) {
     if (e.line() > 0) throw;
     throw e.located(impl_->name, 0);
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorKind::limit, "the template ran out of memory", impl_->name);
   }
   return std::move(ev.out);
 }

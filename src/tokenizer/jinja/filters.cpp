@@ -1,6 +1,7 @@
 // Jinja2's built-in filters (jinja2/filters.py) with transformers' tojson, over our values.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <unordered_map>
@@ -118,6 +119,7 @@ Value sorted_values(ValueList items, bool reverse, bool case_sensitive, const Va
     Value key = attribute ? get_path(item, *attribute) : item;
     keyed.emplace_back(lower_if_string(key, case_sensitive), std::move(item));
   }
+  count_steps(keyed.size() * std::bit_width(keyed.size()));  // the comparisons
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
     return reverse ? py_compare(b.first, a.first, "<") < 0 : py_compare(a.first, b.first, "<") < 0;
   });
@@ -228,6 +230,7 @@ const std::unordered_map<std::string_view, Filter>& filters() {
          const int64_t width = p.integer(0, 80), len = static_cast<int64_t>(py::length(s));
          if (width <= len) return Value(s);
          const int64_t pad = width - len, left = pad / 2 + (pad & width & 1);
+         ensure_bytes(s.size() + static_cast<uint64_t>(pad));
          return Value(std::string(left, ' ') + s + std::string(pad - left, ' '));
        }},
       {"count",
@@ -309,9 +312,12 @@ const std::unordered_map<std::string_view, Filter>& filters() {
       {"indent",
        [](const Value& v, CallArgs& a) {
          Params p("indent", a, {"width", "first", "blank"});
-         std::string indention = p.has(0) && p[0].is_string() ? p[0].as_string() : std::string(p.integer(0, 4), ' ');
+         const int64_t width = p.has(0) && p[0].is_string() ? 0 : std::max<int64_t>(p.integer(0, 4), 0);
+         ensure_bytes(static_cast<uint64_t>(width));
+         std::string indention = p.has(0) && p[0].is_string() ? p[0].as_string() : std::string(width, ' ');
          const std::string s = to_str(v) + "\n";
          const auto lines = py::splitlines(s, false);
+         ensure_bytes(s.size() + lines.size() * (indention.size() + 1));
          std::string out;
          if (p.has(2) && p[2].truthy()) {
            for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" + indention : "") + lines[i];
@@ -356,9 +362,13 @@ const std::unordered_map<std::string_view, Filter>& filters() {
          std::string out;
          bool first = true;
          for (const Value& item : iterate(v)) {
+           const Value part = p.given(1) ? get_path(item, p[1]) : item;
+           const std::string text = part.is_string() ? std::string() : to_str(part);
+           const std::string& piece = part.is_string() ? part.as_string() : text;
+           ensure_bytes(out.size() + sep.size() + piece.size());
            if (!first) out += sep;
            first = false;
-           out += to_str(p.given(1) ? get_path(item, p[1]) : item);
+           out += piece;
          }
          return Value(std::move(out));
        }},
@@ -474,8 +484,13 @@ const std::unordered_map<std::string_view, Filter>& filters() {
          JsonOptions o;
          o.ensure_ascii = p.has(0) && p[0].truthy();
          if (p.given(1)) {
-           if (p[1].is_string()) o.indent = p[1].as_string();
-           else o.indent = std::string(static_cast<size_t>(std::max<int64_t>(p.integer(1, 0), 0)), ' ');
+           if (p[1].is_string()) {
+             o.indent = p[1].as_string();
+           } else {
+             const int64_t width = std::max<int64_t>(p.integer(1, 0), 0);
+             ensure_bytes(static_cast<uint64_t>(width));
+             o.indent = std::string(static_cast<size_t>(width), ' ');
+           }
            o.item_separator = ",";
          }
          if (p.given(2)) {
@@ -504,6 +519,7 @@ const std::unordered_map<std::string_view, Filter>& filters() {
              const Value key = lower_if_string(p.given(1) ? get_path(item, p[1]) : item, case_sensitive);
              if (key.is_dict() || (key.is_list() && key.flavor() == ListFlavor::list))
                raise(ErrorKind::type, "unhashable type: '{}'", type_name(key));
+             count_steps(seen.size());
              if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return py_equal(s, key); })) {
                seen.push_back(key);
                out.push_back(item);

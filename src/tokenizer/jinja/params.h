@@ -50,11 +50,13 @@ class Params {
     if (!given(i)) return std::nullopt;
     const Value& v = *values_[i];
     if (!v.is_string()) raise(ErrorKind::type, "must be str or None, not {}", type_name(v));
+    count_scan(v.as_string().size());  // the copy
     return v.as_string();
   }
   std::string string(size_t i) const {
     const Value& v = *values_[i];
     if (!v.is_string()) raise(ErrorKind::type, "must be str, not {}", type_name(v));
+    count_scan(v.as_string().size());  // the copy
     return v.as_string();
   }
 

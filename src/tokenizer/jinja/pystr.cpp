@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "tokenizer/jinja/limits.h"
 #include "tokenizer/utf8.h"
 
 namespace qinfer::jinja::py {
@@ -66,7 +67,10 @@ bool all_chars(std::string_view s, Pred pred) {
 
 }  // namespace
 
+// Scans count against the render's step budget: a loop over a long string must not stall it.
 std::u32string decode(std::string_view s) {
+  count_scan(s.size());
+  ensure_bytes(s.size() * sizeof(char32_t));  // the copy is four times the text
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;
@@ -112,6 +116,7 @@ std::string encode(std::u32string_view text) {
 }
 
 size_t length(std::string_view s) {
+  count_scan(s.size());
   size_t n = 0;
   for (char ch : s) n += (static_cast<unsigned char>(ch) & 0xc0) != 0x80;
   return n;
@@ -183,6 +188,7 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
                                bool from_right) {
   std::vector<std::string> parts;
   if (sep) {
+    count_scan(s.size());
     // Separator splits work on bytes: UTF-8 is self-synchronizing, so byte matches are character matches.
     if (!from_right) {
       size_t pos = 0;
@@ -265,6 +271,8 @@ std::string replace(std::string_view s, std::string_view old, std::string_view w
   if (old.empty()) {
     // Python inserts the replacement before every character and at the end.
     std::u32string text = decode(s);
+    const uint64_t inserts = count < 0 ? text.size() + 1 : std::min<uint64_t>(count, text.size() + 1);
+    ensure_bytes(s.size() + inserts * with.size());
     int64_t done = 0;
     for (char32_t c : text) {
       if (count < 0 || done < count) {
@@ -276,11 +284,13 @@ std::string replace(std::string_view s, std::string_view old, std::string_view w
     if (count < 0 || done < count) out += with;
     return out;
   }
+  count_scan(s.size());
   size_t pos = 0;
   int64_t done = 0;
   while (count < 0 || done < count) {
     const size_t hit = s.find(old, pos);
     if (hit == std::string_view::npos) break;
+    ensure_bytes(out.size() + (hit - pos) + with.size());
     out += s.substr(pos, hit - pos);
     out += with;
     pos = hit + old.size();
@@ -292,12 +302,14 @@ std::string replace(std::string_view s, std::string_view old, std::string_view w
 
 int64_t count(std::string_view s, std::string_view sub) {
   if (sub.empty()) return static_cast<int64_t>(length(s)) + 1;
+  count_scan(s.size());
   int64_t n = 0;
   for (size_t pos = s.find(sub); pos != std::string_view::npos; pos = s.find(sub, pos + sub.size())) ++n;
   return n;
 }
 
 int64_t find(std::string_view s, std::string_view sub, bool from_right) {
+  count_scan(s.size());
   const size_t hit = from_right ? s.rfind(sub) : s.find(sub);
   if (hit == std::string_view::npos) return -1;
   return static_cast<int64_t>(length(s.substr(0, hit)));
@@ -343,12 +355,15 @@ bool is_alnum(std::string_view s) {
 bool is_all_space(std::string_view s) { return all_chars(s, is_space); }
 
 std::string repr(std::string_view s) {
-  std::u32string text = decode(s);
-  const bool has_single = text.find(U'\'') != std::u32string::npos;
-  const bool has_double = text.find(U'"') != std::u32string::npos;
+  count_scan(s.size());
+  // Quotes are ASCII, and UTF-8 never hides an ASCII byte inside a character: bytes can be searched.
+  const bool has_single = s.find('\'') != std::string_view::npos;
+  const bool has_double = s.find('"') != std::string_view::npos;
   const char quote = has_single && !has_double ? '"' : '\'';
-  std::string out(1, quote);
-  for (char32_t c : text) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  out += quote;
+  auto append = [&](char32_t c) {
     if (c == static_cast<char32_t>(quote) || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
@@ -369,6 +384,22 @@ std::string repr(std::string_view s) {
     } else {
       out += fmt::format("\\U{:08x}", static_cast<unsigned>(c));
     }
+  };
+  // ASCII byte by byte; each run of other bytes decoded on its own (a character never spans runs).
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = i;
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      for (; j < s.size() && static_cast<unsigned char>(s[j]) < 0x80; ++j) {
+        const char c = s[j];
+        if (c >= 0x20 && c < 0x7f && c != quote && c != '\\') out += c;
+        else append(static_cast<char32_t>(c));
+      }
+    } else {
+      while (j < s.size() && static_cast<unsigned char>(s[j]) >= 0x80) ++j;
+      for (char32_t c : decode(s.substr(i, j - i))) append(c);
+    }
+    i = j;
   }
   out += quote;
   return out;
@@ -442,7 +473,12 @@ std::vector<int64_t> slice_indices(int64_t size, std::optional<int64_t> start, s
   };
   const int64_t first = adjust(start, st < 0 ? size - 1 : 0);
   const int64_t last = adjust(stop, st < 0 ? -1 : size);
+  const uint64_t span = st > 0 ? (last > first ? last - first : 0) : (first > last ? first - last : 0);
+  const uint64_t stride = st > 0 ? static_cast<uint64_t>(st) : 0 - static_cast<uint64_t>(st);
+  const uint64_t count = span == 0 ? 0 : (span - 1) / stride + 1;
+  ensure_bytes(count * sizeof(int64_t));
   std::vector<int64_t> out;
+  out.reserve(count);
   if (st > 0)
     for (int64_t i = first; i < last; i += st) out.push_back(i);
   else

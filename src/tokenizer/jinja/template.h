@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "tokenizer/jinja/error.h"
+#include "tokenizer/jinja/limits.h"
 #include "tokenizer/jinja/value.h"
 
 namespace qinfer::jinja {
@@ -27,9 +28,10 @@ class Template {
   Template& operator=(Template&&) noexcept;
 
   // Renders with `context` as the template's variables (range, namespace and dict are built in).
-  // Each call has its own state, so one Template may render on several threads at once.
-  // Namespaces in `context` that the template assigns to are emptied when the render ends.
-  std::string render(const Dict& context) const;
+  // Each call has its own state and `limits`, so one Template may render on several threads at
+  // once. Namespaces in `context` that the template assigns to are emptied when the render ends.
+  // Throws Error(limit) when the render takes more steps or memory than `limits` allow.
+  std::string render(const Dict& context, const Limits& limits = {}) const;
 
  private:
   struct Impl;

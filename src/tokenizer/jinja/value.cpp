@@ -18,57 +18,85 @@ void check_depth(int depth) {
   if (depth > kMaxNesting) raise(ErrorKind::limit, "value nested more than {} levels deep", kMaxNesting);
 }
 
-std::string repr_at(const Value& v, int depth);
+// Lists share their items, so a small list can print as a huge string ([s] * 1000): the printers
+// check the memory budget as their output grows, before it is allocated.
+void repr_into(std::string& out, const Value& v, int depth);
 
-std::string repr_items(const ValueList& items, int depth) {
-  std::string out;
+void repr_items(std::string& out, const ValueList& items, int depth) {
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += ", ";
-    out += repr_at(items[i], depth + 1);
+    repr_into(out, items[i], depth + 1);
   }
-  return out;
 }
 
-std::string repr_dict(const Dict& d, int depth) {
-  std::string out = "{";
+void repr_dict(std::string& out, const Dict& d, int depth) {
+  out += '{';
   bool first = true;
   for (const auto& [k, v] : d.entries()) {
     if (!first) out += ", ";
     first = false;
-    out += repr_at(k, depth + 1) + ": " + repr_at(v, depth + 1);
+    repr_into(out, k, depth + 1);
+    out += ": ";
+    repr_into(out, v, depth + 1);
   }
-  return out + "}";
+  out += '}';
 }
 
-std::string repr_at(const Value& v, int depth) {
+void repr_into(std::string& out, const Value& v, int depth) {
   check_depth(depth);
+  ensure_bytes(out.size() + (v.is_string() ? v.as_string().size() : 0));
   switch (v.kind()) {
-    case Kind::undefined: return "Undefined";
-    case Kind::none: return "None";
-    case Kind::boolean: return v.as_bool() ? "True" : "False";
-    case Kind::integer: return std::to_string(v.as_int());
-    case Kind::floating: return py::float_repr(v.as_float());
-    case Kind::string: return v.is_markup() ? "Markup(" + py::repr(v.as_string()) + ")" : py::repr(v.as_string());
+    case Kind::undefined: out += "Undefined"; return;
+    case Kind::none: out += "None"; return;
+    case Kind::boolean: out += v.as_bool() ? "True" : "False"; return;
+    case Kind::integer: out += std::to_string(v.as_int()); return;
+    case Kind::floating: out += py::float_repr(v.as_float()); return;
+    case Kind::string:
+      if (v.is_markup()) out += "Markup(" + py::repr(v.as_string()) + ")";
+      else out += py::repr(v.as_string());
+      return;
     case Kind::list:
       switch (v.flavor()) {
         case ListFlavor::tuple:
-          return "(" + repr_items(v.as_list(), depth) + (v.as_list().size() == 1 ? ",)" : ")");
+          out += '(';
+          repr_items(out, v.as_list(), depth);
+          out += v.as_list().size() == 1 ? ",)" : ")";
+          return;
         case ListFlavor::iterator:
-        case ListFlavor::failed_iterator: return fmt::format("<{} object>", v.list_type_name());
-        case ListFlavor::view: return fmt::format("{}([{}])", v.list_type_name(), repr_items(v.as_list(), depth));
-        case ListFlavor::list: return "[" + repr_items(v.as_list(), depth) + "]";
+        case ListFlavor::failed_iterator: out += fmt::format("<{} object>", v.list_type_name()); return;
+        case ListFlavor::view:
+          out += v.list_type_name();
+          out += "([";
+          repr_items(out, v.as_list(), depth);
+          out += "])";
+          return;
+        case ListFlavor::list:
+          out += '[';
+          repr_items(out, v.as_list(), depth);
+          out += ']';
+          return;
       }
-      return "";
-    case Kind::dict: return repr_dict(v.as_dict(), depth);
-    case Kind::namespace_: return "<Namespace " + repr_dict(v.as_dict(), depth) + ">";
-    case Kind::macro: return "<Macro " + py::repr(v.as_macro().name) + ">";
-    case Kind::function: return "<built-in function " + v.as_function().name + ">";
-    case Kind::object: return "<" + v.as_object().type_name() + " object>";
+      return;
+    case Kind::dict: repr_dict(out, v.as_dict(), depth); return;
+    case Kind::namespace_:
+      out += "<Namespace ";
+      repr_dict(out, v.as_dict(), depth);
+      out += '>';
+      return;
+    case Kind::macro: out += "<Macro " + py::repr(v.as_macro().name) + ">"; return;
+    case Kind::function: out += "<built-in function " + v.as_function().name + ">"; return;
+    case Kind::object: out += "<" + v.as_object().type_name() + " object>"; return;
   }
-  return "";
+}
+
+std::string repr_of(const Value& v) {
+  std::string out;
+  repr_into(out, v, 0);
+  return out;
 }
 
 void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
+  ensure_bytes(out.size() + s.size());
   out += '"';
   auto escape_code = [&](unsigned c) { out += fmt::format("\\u{:04x}", c); };
   if (!ensure_ascii) {
@@ -123,6 +151,7 @@ void json_at(std::string& out, const Value& v, const JsonOptions& o, int depth) 
   check_depth(depth);
   auto newline = [&](int level) {
     if (!o.indent) return;
+    ensure_bytes(out.size() + o.indent->size() * static_cast<size_t>(level));
     out += '\n';
     for (int i = 0; i < level; ++i) out += *o.indent;
   };
@@ -142,6 +171,7 @@ void json_at(std::string& out, const Value& v, const JsonOptions& o, int depth) 
       }
       out += '[';
       for (size_t i = 0; i < items.size(); ++i) {
+        ensure_bytes(out.size() + o.item_separator.size());
         if (i) out += o.item_separator;
         newline(depth + 1);
         json_at(out, items[i], o, depth + 1);
@@ -173,6 +203,7 @@ void json_at(std::string& out, const Value& v, const JsonOptions& o, int depth) 
         std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       out += '{';
       for (size_t i = 0; i < items.size(); ++i) {
+        ensure_bytes(out.size() + o.item_separator.size() + o.key_separator.size());
         if (i) out += o.item_separator;
         newline(depth + 1);
         json_string(out, items[i].first, o.ensure_ascii);
@@ -189,7 +220,9 @@ void json_at(std::string& out, const Value& v, const JsonOptions& o, int depth) 
 
 }  // namespace
 
-Value::Value(Dict dict) : kind_(Kind::dict), ptr_(std::make_shared<Dict>(std::move(dict))) {}
+Value::Value(Dict dict) : kind_(Kind::dict), ptr_(std::make_shared<Dict>(std::move(dict))) {
+  charge_bytes(kValueOverhead + as_dict().size() * kDictEntryBytes);
+}
 
 Value Value::undefined(std::string message) {
   Value v;
@@ -296,12 +329,14 @@ bool Value::truthy() const {
 }
 
 const Value* Dict::find(std::string_view key) const {
+  count_scan(key.size());
   auto it = string_index_.find(std::string(key));
   return it == string_index_.end() ? nullptr : &entries_[it->second].second;
 }
 
 const Value* Dict::find(const Value& key) const {
   if (key.is_string()) return find(key.as_string());
+  count_steps(entries_.size());
   for (const auto& [k, v] : entries_)
     if (!k.is_string() && py_equal(k, key)) return &v;
   return nullptr;
@@ -309,6 +344,7 @@ const Value* Dict::find(const Value& key) const {
 
 void Dict::set(const Value& key, Value value) {
   if (key.is_string()) {
+    count_scan(key.as_string().size());
     auto [it, inserted] = string_index_.emplace(key.as_string(), entries_.size());
     if (!inserted) {
       entries_[it->second].second = std::move(value);
@@ -317,6 +353,7 @@ void Dict::set(const Value& key, Value value) {
     entries_.emplace_back(key, std::move(value));
     return;
   }
+  count_steps(entries_.size());
   for (auto& [k, v] : entries_) {
     if (!k.is_string() && py_equal(k, key)) {
       v = std::move(value);
@@ -330,11 +367,11 @@ std::string to_str(const Value& v) {
   switch (v.kind()) {
     case Kind::undefined: return "";
     case Kind::string: return v.as_string();
-    default: return repr_at(v, 0);
+    default: return repr_of(v);
   }
 }
 
-std::string to_repr(const Value& v) { return repr_at(v, 0); }
+std::string to_repr(const Value& v) { return repr_of(v); }
 
 std::string type_name(const Value& v) {
   switch (v.kind()) {
@@ -363,12 +400,15 @@ bool py_equal(const Value& a, const Value& b) {
   switch (a.kind()) {
     case Kind::undefined:
     case Kind::none: return true;
-    case Kind::string: return a.as_string() == b.as_string();
+    case Kind::string:
+      count_scan(a.as_string().size());
+      return a.as_string() == b.as_string();
     case Kind::list: {
       if (a.flavor() != b.flavor() || a.is_iterator()) return a.identity() == b.identity();
       if (a.is_view() && std::string_view(a.list_type_name()) != b.list_type_name()) return false;
       const ValueList &x = a.as_list(), &y = b.as_list();
       if (x.size() != y.size()) return false;
+      count_steps(x.size());
       for (size_t i = 0; i < x.size(); ++i)
         if (!py_equal(x[i], y[i])) return false;
       return true;
@@ -376,6 +416,7 @@ bool py_equal(const Value& a, const Value& b) {
     case Kind::dict: {
       const Dict &x = a.as_dict(), &y = b.as_dict();
       if (x.size() != y.size()) return false;
+      count_steps(x.size());
       for (const auto& [k, v] : x.entries()) {
         const Value* other = y.find(k);
         if (!other || !py_equal(v, *other)) return false;
@@ -398,11 +439,13 @@ int py_compare(const Value& a, const Value& b, std::string_view op) {
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a.is_string() && b.is_string()) {
+    count_scan(std::min(a.as_string().size(), b.as_string().size()));
     const int c = a.as_string().compare(b.as_string());  // UTF-8 byte order is code point order
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
   if (a.is_sequence_list() && b.is_sequence_list() && a.is_tuple() == b.is_tuple()) {
     const ValueList &x = a.as_list(), &y = b.as_list();
+    count_steps(std::min(x.size(), y.size()));
     for (size_t i = 0; i < x.size() && i < y.size(); ++i)
       if (!py_equal(x[i], y[i])) return py_compare(x[i], y[i], op);
     return x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;

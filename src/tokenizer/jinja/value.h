@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "tokenizer/jinja/limits.h"
+
 namespace qinfer::jinja {
 
 enum class Kind : uint8_t {
@@ -51,10 +53,15 @@ class Value {
   Value(int v) : Value(static_cast<int64_t>(v)) {}
   Value(int64_t v) : kind_(Kind::integer) { scalar_.i = v; }
   Value(double v) : kind_(Kind::floating) { scalar_.f = v; }
-  Value(std::string s) : kind_(Kind::string), ptr_(std::make_shared<std::string>(std::move(s))) {}
+  // New strings, lists and dicts count against the running render's memory budget.
+  Value(std::string s) : kind_(Kind::string), ptr_(std::make_shared<std::string>(std::move(s))) {
+    charge_bytes(kValueOverhead + as_string().size());
+  }
   Value(std::string_view s) : Value(std::string(s)) {}
   Value(const char* s) : Value(std::string(s)) {}
-  Value(ValueList items) : kind_(Kind::list), ptr_(std::make_shared<ValueList>(std::move(items))) {}
+  Value(ValueList items) : kind_(Kind::list), ptr_(std::make_shared<ValueList>(std::move(items))) {
+    charge_bytes(kValueOverhead + as_list().size() * sizeof(Value));
+  }
   Value(Dict dict);
   Value(std::shared_ptr<Function> f) : kind_(Kind::function), ptr_(std::move(f)) {}
   Value(std::shared_ptr<Macro> m) : kind_(Kind::macro), ptr_(std::move(m)) {}
