@@ -27,6 +27,9 @@ struct Template {
       : source(read_file(repo_root() / "tests" / "jinja" / "data" / file)),
         chat(source, file, json::parse(read_file(repo_root() / "tests" / "jinja" / "data" / "tokenizer_config.json"))) {
   }
+  // A template given as text (`name` stands for its file in errors).
+  Template(const std::string& name, std::string text)
+      : source(std::move(text)), chat(source, name) {}
   std::string source;
   tokenizer::ChatTemplate chat;
 };
@@ -505,6 +508,27 @@ TEST(ScriptedServer, ChoicesNameTheStopStringThatEndedThem) {
   const json r = s.post("/v1/completions", json{{"prompt", "hi"}}).body_json();
   EXPECT_TRUE(r["choices"][0].contains("stop_reason"));
   EXPECT_TRUE(r["choices"][0]["stop_reason"].is_null());
+}
+
+// A chat template that would run for hours or fill memory is stopped by its render limits: a 400
+// naming the template line, in about a second, and the server goes on.
+TEST(ScriptedServer, RunawayTemplatesAre400NamingTheirLine) {
+  const Template loops("chat_template.jinja", "{{ 'x' }}\n{% for i in range(100000) %}{% for j in range(100000) %}"
+                                              "{% endfor %}{% endfor %}");
+  const Template bomb("chat_template.jinja", "{% set ns = namespace(s='x') %}\n\n{% for i in range(64) %}"
+                                             "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}");
+  for (const Template* t : {&loops, &bomb}) {
+    ScriptedServer s(*t);
+    s.generator.set_script({{"fine"}});
+    const auto start = std::chrono::steady_clock::now();
+    const HttpResponse r = s.post("/v1/chat/completions", chat_body(false));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+    EXPECT_EQ(r.status, 400) << r.body;
+    const std::string message = r.body_json()["error"]["message"].get<std::string>();
+    EXPECT_THAT(message, HasSubstr(t == &loops ? "chat_template.jinja:2" : "chat_template.jinja:3"));
+    EXPECT_THAT(message, HasSubstr("limit ("));
+    EXPECT_EQ(fetch(s.port, "GET", "/health").status, 200);
+  }
 }
 
 // A client that gives up on a non-streamed request (a timeout) frees the sequence within a step,
