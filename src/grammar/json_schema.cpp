@@ -70,7 +70,9 @@ bool has_assertions(const Json& schema) {
   return false;
 }
 
-std::string pointer_token(std::string_view key) {
+}  // namespace
+
+std::string json_pointer_token(std::string_view key) {
   std::string out;
   for (char c : key) {
     if (c == '~')
@@ -82,7 +84,9 @@ std::string pointer_token(std::string_view key) {
   }
   return out;
 }
-std::string child(const std::string& path, std::string_view key) { return path + "/" + pointer_token(key); }
+namespace {
+
+std::string child(const std::string& path, std::string_view key) { return path + "/" + json_pointer_token(key); }
 std::string child(const std::string& path, size_t index) { return path + "/" + std::to_string(index); }
 std::string where(const std::string& path) { return path.empty() ? "the root" : path; }
 

@@ -68,4 +68,7 @@ Grammar json_schema_grammar(const io::json& schema, const JsonSchemaOptions& opt
 // JSON mode: any JSON object (options.strict does not apply: it would leave only {}).
 Grammar json_object_grammar(const JsonSchemaOptions& options = {});
 
+// A key as a JSON pointer reference token (RFC 6901: "~" -> "~0", "/" -> "~1").
+std::string json_pointer_token(std::string_view key);
+
 }  // namespace qinfer::grammar

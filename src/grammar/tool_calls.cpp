@@ -20,16 +20,7 @@ constexpr std::string_view kXmlValueEnd = "</parameter>";
 // A JSON pointer fragment naming a property ("#/properties/a~1b"), escaped as a URI fragment.
 std::string property_pointer(std::string_view name) {
   std::string out = "#/properties/";
-  for (char c : name) {
-    if (c == '~')
-      out += "~0";
-    else if (c == '/')
-      out += "~1";
-    else if (c == '%')
-      out += "%25";
-    else
-      out += c;
-  }
+  for (char c : json_pointer_token(name)) out += c == '%' ? std::string("%25") : std::string(1, c);
   return out;
 }
 
