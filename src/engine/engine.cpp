@@ -230,6 +230,9 @@ void Engine::Impl::validate(const RequestParams& p) const {
   QINFER_CHECK(p.max_tokens >= 1, "request: max_tokens must be at least 1, got {}", p.max_tokens);
   QINFER_CHECK(p.min_tokens >= 0 && p.min_tokens <= p.max_tokens,
                "request: min_tokens must be between 0 and max_tokens ({}), got {}", p.max_tokens, p.min_tokens);
+  for (const auto* ids : {&p.banned_tokens, &p.exclusive_tokens})
+    for (const int32_t id : *ids)
+      QINFER_CHECK(id >= 0 && id < vocab, "request: logit_bias token {} is outside the vocabulary 0..{}", id, vocab - 1);
   QINFER_CHECK(p.n >= 1 && p.n <= options.max_running,
                "request: n must be between 1 and {} (the engine's max_running), got {}", options.max_running, p.n);
   QINFER_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20,
@@ -561,7 +564,8 @@ std::optional<uint64_t> Engine::submit(RequestParams params, EventSink sink) {
   auto request = std::make_shared<Impl::Request>();
   request->choices.resize(static_cast<size_t>(params.n));
   request->unfinished = params.n;
-  request->limits = {params.max_tokens, options_.max_context, params.stop_ids, params.min_tokens};
+  request->limits = {params.max_tokens, options_.max_context, params.stop_ids, params.min_tokens,
+                     params.banned_tokens, params.exclusive_tokens};
   request->params = std::move(params);
   request->sink = std::move(sink);
   uint64_t id = 0;

@@ -67,6 +67,9 @@ struct RequestParams {
   // Completion tokens before a choice may end: stop ids are masked out and stop strings not
   // matched until then (a grammar that is complete still ends it).
   int32_t min_tokens = 0;
+  // OpenAI's logit_bias at its two exact values: ids never sampled (-100) and, when any are given,
+  // the only ids sampled (+100). A grammar or min_tokens still decides what remains.
+  std::vector<int32_t> banned_tokens, exclusive_tokens;
   int32_t top_logprobs = -1;     // -1: no logprobs; 0..20: the chosen token's logprob and this many alternatives
   // Constrained decoding (structured outputs): every choice's output follows this grammar, whose
   // masks allow stop_ids once it can end; a choice whose grammar is complete stops there. Null: free.

@@ -188,14 +188,18 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
 
 ModelRunner::GrammarRows ModelRunner::grammar_rows(const StepPlan& plan, const std::vector<size_t>& sampling,
                                                    int64_t V) {
-  // A row is masked when its grammar says what may follow, or when it may not end yet (min_tokens).
+  // A row is masked when its grammar says what may follow, when it may not end yet (min_tokens), or
+  // when logit_bias bans ids or allows only some.
   auto too_early = [](const Sequence& s) {
     return !s.limits->stop_ids.empty() && s.generated() < s.limits->min_tokens;
+  };
+  auto biased = [](const Sequence& s) {
+    return !s.limits->banned_tokens.empty() || !s.limits->exclusive_tokens.empty();
   };
   std::vector<int32_t> rows;
   for (size_t r : sampling) {
     const Sequence& s = *plan.chunks[r].sequence;
-    if (s.constraint || too_early(s)) rows.push_back(static_cast<int32_t>(r));
+    if (s.constraint || too_early(s) || biased(s)) rows.push_back(static_cast<int32_t>(r));
   }
   if (rows.empty()) return {};
   const int64_t words = (V + 31) / 32, R = static_cast<int64_t>(rows.size());
@@ -212,6 +216,19 @@ ModelRunner::GrammarRows ModelRunner::grammar_rows(const StepPlan& plan, const s
     } else {
       std::fill(dst, dst + words, ~0u);
       if (V % 32) dst[words - 1] = (1u << (V % 32)) - 1;
+    }
+    if (biased(s)) {
+      // Applied where something remains: a grammar's (or min_tokens') choice is never emptied.
+      std::vector<uint32_t> kept(dst, dst + words);
+      if (!s.limits->exclusive_tokens.empty()) {
+        std::vector<uint32_t> only(static_cast<size_t>(words), 0u);
+        for (const int32_t id : s.limits->exclusive_tokens)
+          if (id >= 0 && id < V) only[static_cast<size_t>(id / 32)] |= 1u << (id % 32);
+        for (size_t w = 0; w < kept.size(); ++w) kept[w] &= only[w];
+      }
+      for (const int32_t id : s.limits->banned_tokens)
+        if (id >= 0 && id < V) kept[static_cast<size_t>(id / 32)] &= ~(1u << (id % 32));
+      if (std::any_of(kept.begin(), kept.end(), [](uint32_t w) { return w != 0; })) std::copy(kept.begin(), kept.end(), dst);
     }
     if (too_early(s)) {
       // Stop ids out, unless they are all the grammar allows (a complete grammar ends the choice).

@@ -17,6 +17,7 @@ struct SequenceLimits {
   int64_t max_context = 0;         // prompt + completion
   std::vector<int32_t> stop_ids;   // ids that end the choice (not part of the output)
   int32_t min_tokens = 0;          // stop_ids are masked out before this many completion tokens
+  std::vector<int32_t> banned_tokens, exclusive_tokens;  // RequestParams' (logit_bias)
 };
 
 struct Sequence {

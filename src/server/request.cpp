@@ -93,8 +93,6 @@ constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 // Fields the server cannot honour: refusing is better than silently ignoring them.
 void refuse_unsupported(const json& body) {
-  if (const json* v = get(body, "logit_bias"); v && !(v->is_object() && v->empty()))
-    bad_request("logit_bias", "logit_bias is not supported by this server");
   for (const char* key : {"guided_decoding_backend", "guided_whitespace_pattern"})
     if (get(body, key))
       bad_request(key, "{}: not supported (this server has one grammar engine, and JSON whitespace is bounded)", key);
@@ -289,6 +287,24 @@ void parse_common(const json& body, const SamplingParams& defaults, const Reques
   }
   if (const json* v = get(body, "add_special_tokens")) r.add_special_tokens = boolean(*v, "add_special_tokens");
   if (const json* v = get(body, "min_tokens")) r.min_tokens = static_cast<int32_t>(integer(*v, "min_tokens", 0, kInt32Max));
+  if (const json* v = get(body, "logit_bias")) {
+    if (!v->is_object()) bad_request("logit_bias", "logit_bias: expected an object of token id -> bias");
+    for (const auto& [key, bias] : v->items()) {
+      const std::string field = "logit_bias." + key;
+      if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos)
+        bad_request(field, "{}: the key must be a token id", field);
+      const double b = number(bias, field, -100, 100);
+      // -100 and 100 are exact (a ban, the only ids allowed); a bias in between would shift the
+      // distribution, which the sampler here does not do, so it is refused rather than approximated.
+      const int32_t id = static_cast<int32_t>(std::stoll(key));
+      if (b == -100)
+        r.banned_tokens.push_back(id);
+      else if (b == 100)
+        r.exclusive_tokens.push_back(id);
+      else if (b != 0)
+        bad_request(field, "{}: only -100 (never sample it) and 100 (sample only such ids) are supported, got {}", field, b);
+    }
+  }
   if (const json* v = get(body, "user")) string(*v, "user");
   if (const json* v = get(body, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");
   if (const json* v = get(body, "return_token_ids")) r.return_token_ids = boolean(*v, "return_token_ids");

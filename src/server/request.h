@@ -35,6 +35,8 @@ struct GenerationRequest {
   bool include_stop_str = false;        // vLLM's include_stop_str_in_output
   std::vector<int32_t> stop_token_ids;  // vLLM's: ids that end a choice besides the model's own
   int32_t min_tokens = 0;               // vLLM's: completion tokens before a choice may end
+  // OpenAI's logit_bias: ids at -100 (banned) and at 100 (the only ones allowed); 0 changes nothing.
+  std::vector<int32_t> banned_tokens, exclusive_tokens;
   // vLLM's: the tokenizer's special tokens around the prompt (default: off for chat, whose template
   // writes them; on for completions).
   std::optional<bool> add_special_tokens;

@@ -538,6 +538,12 @@ engine::RequestParams Server::Impl::params_for(const GenerationRequest& r, std::
       params.stop_ids.push_back(id);
   }
   params.min_tokens = r.min_tokens;
+  for (const auto* ids : {&r.banned_tokens, &r.exclusive_tokens})
+    for (const int32_t id : *ids)
+      if (id >= model.tokenizer->vocab_size())
+        bad_request("logit_bias", "logit_bias: token {} is outside the vocabulary 0..{}", id, model.tokenizer->vocab_size() - 1);
+  params.banned_tokens = r.banned_tokens;
+  params.exclusive_tokens = r.exclusive_tokens;
   if (r.min_tokens > params.max_tokens)
     bad_request("min_tokens", "min_tokens: {} is more than max_tokens ({})", r.min_tokens, params.max_tokens);
   params.top_logprobs = r.top_logprobs;

@@ -645,6 +645,46 @@ class RecordingOps final : public PoisonOps {
 // serving replays a key recorded at start-up.
 // min_tokens: stop ids are masked out and stop strings not matched before that many completion
 // tokens; include_stop_str keeps the matched stop string in the text.
+// logit_bias at -100 bans ids, at 100 allows only those; the stop string that ended a choice is named.
+TEST(Engine, LogitBiasBansAndRestrictsIds) {
+  models::Model& m = fixture_model("qwen3");
+  const std::vector<int32_t> prompt = make_prompt(11, 77);
+  RequestParams base = greedy(prompt, 16);
+  const testing::Single full = run_alone(m, base);
+  ASSERT_EQ(full.tokens.size(), 16u);
+  RequestParams banned = base;
+  banned.banned_tokens = {full.tokens[0], full.tokens[1], full.tokens[2]};
+  RequestParams only = base;
+  only.exclusive_tokens = {5, 9, 40};
+  only.banned_tokens = {9};
+  RequestParams by_string = base;
+  const std::string stop = full.text.substr(2, 2);
+  by_string.stop = {"\x01never", stop};
+
+  Recorder rec(3);
+  {
+    Engine s(m, test_tokenizer(), {.block_size = 4, .max_running = 4, .max_context = 128});
+    ASSERT_TRUE(s.submit(banned, rec.sink(0)));
+    ASSERT_TRUE(s.submit(only, rec.sink(1)));
+    ASSERT_TRUE(s.submit(by_string, rec.sink(2)));
+    ASSERT_TRUE(rec.wait());
+    expect_all_free(s);
+  }
+  ASSERT_FALSE(rec[0].tokens[0].empty());
+  for (const int32_t t : rec[0].tokens[0])
+    EXPECT_EQ(std::count(banned.banned_tokens.begin(), banned.banned_tokens.end(), t), 0) << t;
+  ASSERT_EQ(rec[1].tokens[0].size(), 16u);  // no stop id is allowed, so it runs to max_tokens
+  for (const int32_t t : rec[1].tokens[0]) EXPECT_TRUE(t == 5 || t == 40) << t;
+  EXPECT_EQ(rec[2].finished[0].finish_reason, "stop");
+  EXPECT_EQ(rec[2].finished[0].stop_string, stop);
+  EXPECT_EQ(rec[0].finished[0].stop_string, "");
+
+  RequestParams bad = base;
+  bad.banned_tokens = {1 << 30};
+  Engine s(m, test_tokenizer(), {.block_size = 4, .max_running = 4, .max_context = 128});
+  EXPECT_THROW(s.submit(bad, rec.sink(0)), Error);
+}
+
 TEST(Engine, MinTokensAndIncludedStopStrings) {
   models::Model& m = fixture_model("qwen3");
   const std::vector<int32_t> prompt = make_prompt(11, 77);

@@ -134,7 +134,15 @@ TEST(ChatRequest, ErrorsNameTheField) {
   EXPECT_BAD(chat("{" + ok + R"(, "top_logprobs": 3})"), "top_logprobs", "needs logprobs");
   EXPECT_BAD(chat("{" + ok + R"(, "logprobs": true, "top_logprobs": 21})"), "top_logprobs", "between 0 and 20");
   EXPECT_BAD(chat("{" + ok + R"(, "stream_options": {"include_usage": true}})"), "stream_options", "stream is true");
-  EXPECT_BAD(chat("{" + ok + R"(, "logit_bias": {"5": 1}})"), "logit_bias", "not supported");
+  EXPECT_BAD(chat("{" + ok + R"(, "logit_bias": {"5": 1}})"), "logit_bias.5", "only -100");
+  EXPECT_BAD(chat("{" + ok + R"(, "logit_bias": {"x": 100}})"), "logit_bias.x", "token id");
+  EXPECT_BAD(chat("{" + ok + R"(, "logit_bias": {"5": -101}})"), "logit_bias.5", "");
+  EXPECT_BAD(chat("{" + ok + R"(, "logit_bias": [5]})"), "logit_bias", "expected an object");
+  {
+    const ChatRequest biased = chat("{" + ok + R"(, "logit_bias": {"5": -100, "7": 100, "8": 100, "9": 0}})");
+    EXPECT_EQ(biased.banned_tokens, std::vector<int32_t>{5});
+    EXPECT_EQ(biased.exclusive_tokens, (std::vector<int32_t>{7, 8}));
+  }
   EXPECT_BAD(chat("{" + ok + R"(, "response_format": {"type": "json_schema"}})"), "response_format.json_schema",
              "required");
   EXPECT_BAD(chat("{" + ok + R"(, "response_format": {"type": "xml"}})"), "response_format.type", "\"xml\"");
