@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
 #include <set>
 #include <thread>
@@ -713,6 +714,11 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
     res.send(std::move(r));
   } catch (const ApiError& e) {
     fail_with(e);
+  } catch (const std::bad_alloc&) {
+    session->cancel_all();
+    ApiError e = server_error(503, "the server ran out of memory for this request; retry later or send less");
+    e.retry_after_s = 1;
+    fail_with(e);
   } catch (const std::exception& e) {
     session->cancel_all();
     log_error("{} {}: {}", req.method, req.path, e.what());
@@ -918,6 +924,14 @@ void Server::Impl::serve(http::Request& req, http::Responder& res) {
     }
   } catch (const ApiError& e) {
     if (!res.answered()) send_error(e);
+  } catch (const std::bad_alloc&) {
+    // One request too large for the memory left: it fails, the server and the others go on.
+    log_warn("{} {}: out of memory", req.method, req.path);
+    if (!res.answered()) {
+      ApiError e = server_error(503, "the server ran out of memory for this request; retry later or send less");
+      e.retry_after_s = 1;
+      send_error(e);
+    }
   } catch (const std::exception& e) {
     log_error("{} {}: {}", req.method, req.path, e.what());
     if (!res.answered()) send_error(server_error(500, fmt::format("internal error: {}", e.what())));

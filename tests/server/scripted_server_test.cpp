@@ -897,6 +897,21 @@ TEST(ScriptedServer, FullQueueIs429WithRetryAfter) {
   EXPECT_EQ(r.body_json()["error"]["code"], "queue_full");
 }
 
+// Memory running out for one request answers 503 with Retry-After; the server goes on.
+TEST(ScriptedServer, OutOfMemoryIs503AndTheServerGoesOn) {
+  ScriptedServer s;
+  s.generator.run_out_of_memory(true);
+  for (const bool stream : {false, true}) {
+    const HttpResponse r = s.post("/v1/chat/completions", chat_body(stream));
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(r.header("retry-after"), "1");
+    EXPECT_THAT(r.body_json()["error"]["message"].get<std::string>(), HasSubstr("out of memory"));
+  }
+  s.generator.run_out_of_memory(false);
+  s.generator.set_script({{"fine"}});
+  EXPECT_EQ(s.post("/v1/chat/completions", chat_body(false)).status, 200);
+}
+
 TEST(ScriptedServer, ModelsHealthAndMetrics) {
   ScriptedServer s;
   s.generator.set_script({{"a", "b", "c"}, "stop", 2ms});

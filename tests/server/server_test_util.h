@@ -82,9 +82,11 @@ class ScriptedGenerator final : public Generator {
     script_ = std::move(script);
   }
   void refuse_all(bool refuse) { refuse_ = refuse; }
+  void run_out_of_memory(bool oom) { oom_ = oom; }  // submit throws std::bad_alloc
 
   std::optional<uint64_t> submit(engine::RequestParams params, engine::EventSink sink) override {
     if (refuse_) return std::nullopt;
+    if (oom_) throw std::bad_alloc();
     std::lock_guard lock(mutex_);
     const uint64_t id = next_id_++;
     submitted_.push_back(params);
@@ -153,7 +155,7 @@ class ScriptedGenerator final : public Generator {
  private:
   mutable std::mutex mutex_;
   Script script_;
-  std::atomic<bool> refuse_{false};
+  std::atomic<bool> refuse_{false}, oom_{false};
   std::atomic<int> running_{0}, cancels_{0};
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::shared_ptr<std::atomic<bool>>> cancelled_;
