@@ -1,11 +1,19 @@
 #include "backend/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
 
 namespace qinfer {
+namespace {
+
+// glibc's largest mmap threshold: at or above it malloc maps fresh pages for every call already.
+constexpr size_t kLazyHostBytes = size_t{32} << 20;
+
+}  // namespace
 
 int64_t Tensor::numel() const {
   int64_t n = 1;
@@ -49,6 +57,15 @@ Tensor host_tensor(DType dtype, std::vector<int64_t> shape) {
   t.dtype = dtype;
   t.shape = std::move(shape);
   const size_t bytes = (t.nbytes() + 63) / 64 * 64;
+  // Large buffers come zeroed from the kernel and take memory only where written: a KV pool sized
+  // for max_running x max_context costs what the requests use. (glibc maps these sizes anyway.)
+  if (bytes >= kLazyHostBytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    QINFER_CHECK(p != MAP_FAILED, "out of host memory allocating {} bytes", bytes);
+    t.owner = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+    t.data = p;
+    return t;
+  }
   void* p = std::aligned_alloc(64, bytes ? bytes : 64);
   QINFER_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
   std::memset(p, 0, bytes);

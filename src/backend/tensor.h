@@ -36,7 +36,7 @@ struct Tensor {
 // Both tensors on the same device, same dtype, same row count.
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
 
-// Host tensor, 64-byte aligned, zero-filled.
+// Host tensor, 64-byte aligned, zero-filled (from 32 MiB up, by the kernel as pages are first touched).
 Tensor host_tensor(DType dtype, std::vector<int64_t> shape);
 
 }  // namespace qinfer

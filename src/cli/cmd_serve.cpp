@@ -80,7 +80,8 @@ void add_serve_command(CLI::App& app) {
                   "tokens between a long prefill's state checkpoints, a multiple of the block size (default 1024; "
                   "0: only at junctions and prompt ends)")
       ->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--kv-blocks", o->engine.kv_blocks, "KV-cache blocks (default: max-running x max-context)")
+  cmd->add_option("--kv-blocks", o->engine.kv_blocks,
+                  "KV-cache blocks (default: max-running x max-context, within --memory-fraction of free memory)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--max-context", o->engine.max_context,
                   "prompt + completion tokens per sequence (default: the model's)")
@@ -91,7 +92,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu (default) or cuda[:N]");
   add_device_flags(cmd, o->tensor_parallel);
   cmd->add_option("--memory-fraction", o->engine.memory_fraction,
-                  "of a GPU's free memory (after the weights) the KV cache and states may take (default 0.9)")
+                  "of a GPU's free memory, or of the host's available memory on the CPU (after the weights), the "
+                  "KV cache and states may take by default (default 0.9)")
       ->check(CLI::Range(0.01, 1.0));
   cmd->callback([o] {
     const std::string dir = resolve_model_dir(o->model);

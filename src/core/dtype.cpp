@@ -181,6 +181,48 @@ uint8_t f32_to_e2m1(float value) {
   return sign | static_cast<uint8_t>(std::min(round_magnitude(b & 0x7FFFFFFF, 1, 1), 0x7u));
 }
 
+namespace {
+
+// Elements whose bits under `mask` are all ones (an all-ones exponent: inf or NaN; for E4M3 the NaN
+// code). A block holds one iff the largest masked element equals the mask: a max reduction, which
+// vectorizes (a compare-and-or loop does not), runs at memcpy speed; only a hit looks for the index.
+template <typename T>
+std::optional<uint64_t> first_all_ones(const void* data, uint64_t count, T mask) {
+  constexpr uint64_t kBlock = 4096;
+  const char* bytes = static_cast<const char*>(data);  // memcpy loads: safetensors data need not be aligned
+  for (uint64_t begin = 0; begin < count; begin += kBlock) {
+    const uint64_t end = std::min(count, begin + kBlock);
+    T largest = 0;
+    for (uint64_t i = begin; i < end; ++i) {
+      T word;
+      std::memcpy(&word, bytes + i * sizeof(T), sizeof(T));
+      largest = std::max<T>(largest, static_cast<T>(word & mask));
+    }
+    if (largest != mask) continue;
+    for (uint64_t i = begin; i < end; ++i) {
+      T word;
+      std::memcpy(&word, bytes + i * sizeof(T), sizeof(T));
+      if (static_cast<T>(word & mask) == mask) return i;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<uint64_t> first_non_finite(DType dtype, const void* data, uint64_t count) {
+  switch (dtype) {
+    case DType::f64: return first_all_ones<uint64_t>(data, count, 0x7FF0000000000000ull);
+    case DType::f32: return first_all_ones<uint32_t>(data, count, 0x7F800000u);
+    case DType::f16: return first_all_ones<uint16_t>(data, count, 0x7C00);
+    case DType::bf16: return first_all_ones<uint16_t>(data, count, 0x7F80);
+    case DType::f8_e4m3: return first_all_ones<uint8_t>(data, count, 0x7F);
+    case DType::f8_e5m2: return first_all_ones<uint8_t>(data, count, 0x7C);
+    case DType::e8m0: return first_all_ones<uint8_t>(data, count, 0xFF);
+    default: return std::nullopt;
+  }
+}
+
 void convert_to_f32(DType dtype, const void* src, float* dst, uint64_t count) {
   if (count == 0) return;  // empty tensors may have no storage at all
   switch (dtype) {

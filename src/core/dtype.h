@@ -53,6 +53,11 @@ float e2m1_to_f32(uint8_t code);     // low 4 bits used
 // the largest code makes a bad input loud rather than silently zero.
 uint8_t f32_to_e2m1(float value);
 
+// Index of the first NaN or infinity among `count` elements stored as `dtype` at `data`; nullopt when
+// all are finite or the type has no such values (integers, E2M1). One pass at memory speed: it runs
+// over every weight byte at load.
+std::optional<uint64_t> first_non_finite(DType dtype, const void* data, uint64_t count);
+
 // Converts `count` elements stored as `dtype` at `src` into f32. Sub-byte types read the low
 // nibble first. Throws Error for integer/boolean types.
 void convert_to_f32(DType dtype, const void* src, float* dst, uint64_t count);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -51,7 +52,36 @@ TokenLogprob logprob_of(const float* row, int64_t vocab, int32_t token, int32_t 
   return out;
 }
 
-EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
+// K and V of one block in every attention layer, in bytes.
+double kv_block_bytes(const CacheShape& s, int32_t block_size) {
+  const auto block_elements = static_cast<uint64_t>(s.attention_layers * block_size * s.kv_heads * s.head_dim);
+  return 2.0 * static_cast<double>(storage_bytes(s.kv_dtype, block_elements));
+}
+
+// The recurrent states of the engine's slots, its checkpoints and the runner's (at least one:
+// ModelRunner's cache), in bytes.
+double state_bytes(const CacheShape& s, const EngineOptions& o, bool records_steps) {
+  const double slots = static_cast<double>(o.max_running + std::max(1, padding_rows(o.max_running, records_steps))) +
+                       static_cast<double>(o.state_checkpoints);
+  return slots * static_cast<double>(state_slot_bytes(s));
+}
+
+}  // namespace
+
+std::optional<uint64_t> host_available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    std::getline(in, unit);
+  }
+  return std::nullopt;
+}
+
+EngineOptions resolve_options(const EngineOptions& o, const models::Runner& model,
+                              std::optional<uint64_t> host_available) {
   const int64_t positions = model.config().max_position_embeddings;
   QINFER_CHECK(o.block_size > 0, "engine: block_size must be positive, got {}", o.block_size);
   QINFER_CHECK(o.max_running > 0, "engine: max_running must be positive, got {}", o.max_running);
@@ -74,6 +104,11 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
   EngineOptions r = o;
   if (r.max_context == 0) r.max_context = positions;
   const std::optional<uint64_t> free = model.ops().free_memory();
+  // The KV pool comes out of the device's free memory, or on the CPU out of the host's, which every
+  // rank of this process takes its share of.
+  const std::optional<uint64_t> pool_memory =
+      free ? free : host_available ? std::optional<uint64_t>(*host_available / model.local_ranks()) : std::nullopt;
+  const char* memory_kind = free ? "free device memory" : "available host memory";
   const uint64_t slot_bytes = state_slot_bytes(model.cache_shape());
   r.state_checkpoints = 0;
   if (slot_bytes > 0 && r.prefix_caching) {
@@ -82,15 +117,28 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
                                                  : 0.25;
     r.state_checkpoints = static_cast<int64_t>(gb * 1e9 / static_cast<double>(slot_bytes));
   }
+  const CacheShape shape = model.cache_shape();
+  const bool records = model.ops().records_steps();
   if (r.kv_blocks == 0) {
     r.kv_blocks = r.max_running * blocks_for(r.max_context, r.block_size);
-    // On a device with its own memory, the pool takes what is free (after the weights), not more.
-    if (free) {
-      r.kv_blocks =
-          std::min(r.kv_blocks, kv_blocks_in_memory(model.cache_shape(), r, *free, model.ops().records_steps()));
-      log_info("engine: {} KV blocks of {} tokens in {:.2f} GB of free device memory", r.kv_blocks, r.block_size,
-               static_cast<double>(*free) / 1e9);
+    // The pool takes what max_running x max_context needs, and no more than memory_fraction of what is
+    // free after the weights: on the CPU a default must not push the host into swap.
+    if (pool_memory) {
+      r.kv_blocks = std::min(r.kv_blocks, kv_blocks_in_memory(shape, r, *pool_memory, records, memory_kind));
+      log_info("engine: {} KV blocks of {} tokens ({:.2f} GB) in {:.2f} GB of {}", r.kv_blocks, r.block_size,
+               static_cast<double>(r.kv_blocks) * kv_block_bytes(shape, r.block_size) / 1e9,
+               static_cast<double>(*pool_memory) / 1e9, memory_kind);
     }
+  } else if (pool_memory) {
+    // An explicit pool is what was asked for, up to all of the memory: past that, allocation would fail
+    // (or swap) later and less clearly. One more block is the runner's scratch block.
+    const double need = static_cast<double>(r.kv_blocks + 1) * kv_block_bytes(shape, r.block_size) +
+                        state_bytes(shape, r, records);
+    QINFER_CHECK(need <= static_cast<double>(*pool_memory),
+                 "engine: kv_blocks {} needs {:.2f} GB (KV blocks of {} tokens and the recurrent state of {} "
+                 "sequences), but only {:.2f} GB of {} is left; lower --kv-blocks or --max-running",
+                 r.kv_blocks, need / 1e9, r.block_size, r.max_running, static_cast<double>(*pool_memory) / 1e9,
+                 memory_kind);
   }
   // More would never be attached: one per cached block, one rolling per running sequence.
   r.state_checkpoints = std::min(r.state_checkpoints, r.kv_blocks + r.max_running);
@@ -101,25 +149,20 @@ EngineOptions resolve(const EngineOptions& o, const models::Runner& model) {
   return r;
 }
 
-}  // namespace
-
 uint64_t state_slot_bytes(const CacheShape& s) {
   return static_cast<uint64_t>(s.linear_layers) * sizeof(float) *
          static_cast<uint64_t>(s.conv_window * s.conv_channels + s.value_heads * s.value_head_dim * s.key_head_dim);
 }
 
-int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes, bool records_steps) {
-  const auto block_elements = static_cast<uint64_t>(s.attention_layers * o.block_size * s.kv_heads * s.head_dim);
-  const double block_bytes = 2.0 * static_cast<double>(storage_bytes(s.kv_dtype, block_elements));
-  // The engine's slots, its checkpoints and the runner's (at least one: ModelRunner's cache).
-  const double slots = static_cast<double>(o.max_running + std::max(1, padding_rows(o.max_running, records_steps))) +
-                       static_cast<double>(o.state_checkpoints);
-  const double state_bytes = slots * static_cast<double>(state_slot_bytes(s));
-  const double budget = static_cast<double>(free_bytes) * o.memory_fraction - state_bytes;
+int64_t kv_blocks_in_memory(const CacheShape& s, const EngineOptions& o, uint64_t free_bytes, bool records_steps,
+                            std::string_view memory_kind) {
+  const double block_bytes = kv_block_bytes(s, o.block_size);
+  const double states = state_bytes(s, o, records_steps);
+  const double budget = static_cast<double>(free_bytes) * o.memory_fraction - states;
   QINFER_CHECK(budget >= 2 * block_bytes,
-               "engine: {:.2f} GB of free device memory x memory fraction {} leaves no room for the KV cache after "
+               "engine: {:.2f} GB of {} x memory fraction {} leaves no room for the KV cache after "
                "{:.2f} GB of recurrent state for {} sequences (lower --max-running or raise --memory-fraction)",
-               static_cast<double>(free_bytes) / 1e9, o.memory_fraction, state_bytes / 1e9, o.max_running);
+               static_cast<double>(free_bytes) / 1e9, memory_kind, o.memory_fraction, states / 1e9, o.max_running);
   if (block_bytes == 0) return std::numeric_limits<int32_t>::max();  // no attention layers: nothing to hold
   return static_cast<int64_t>(budget / block_bytes) - 1;  // one scratch block for padding rows
 }
@@ -541,7 +584,8 @@ void Engine::Impl::finish_choice(Request& r, int32_t choice, const std::string& 
 // --- Engine ------------------------------------------------------------------------------------------
 
 Engine::Engine(models::Runner& model, const tokenizer::Tokenizer& tokenizer, const EngineOptions& options)
-    : options_(resolve(options, model)), impl_(std::make_unique<Impl>(model, tokenizer, options_)) {
+    : options_(resolve_options(options, model, host_available_memory())),
+      impl_(std::make_unique<Impl>(model, tokenizer, options_)) {
   impl_->totals.recording_seconds = impl_->runner.record_decode_steps();
   impl_->publish();
   impl_->output_thread = std::thread([impl = impl_.get()] { impl->output_loop(); });

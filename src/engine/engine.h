@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -28,8 +29,8 @@ namespace qinfer::engine {
 
 struct EngineOptions {
   int64_t kv_blocks = 0;         // KV blocks in the pool (0: enough for max_running × max_context, within
-                                 // memory_fraction of a device's free memory)
-  double memory_fraction = 0.9;  // of a GPU's free memory the KV pool and recurrent states may take
+                                 // memory_fraction of a device's free memory or of the host's available one)
+  double memory_fraction = 0.9;  // of that memory the KV pool and recurrent states may take
   int32_t block_size = 16;       // tokens per KV block
   int32_t max_running = 64;      // sequences decoding at once (also the number of recurrent-state slots)
   int32_t max_waiting = 256;     // queued requests beyond which submit() refuses (HTTP 429)
@@ -52,9 +53,19 @@ uint64_t state_slot_bytes(const CacheShape& shape);
 
 // KV blocks that fit `free_bytes` × o.memory_fraction after the recurrent states of o.max_running
 // sequences, of o.state_checkpoints checkpoints and of the padding rows of decode steps
-// (`records_steps`: the backend records them, and pads to the recorded batch sizes); throws when
-// not even one block does.
-int64_t kv_blocks_in_memory(const CacheShape& shape, const EngineOptions& o, uint64_t free_bytes, bool records_steps);
+// (`records_steps`: the backend records them, and pads to the recorded batch sizes); throws, naming
+// `memory_kind`, when not even one block does.
+int64_t kv_blocks_in_memory(const CacheShape& shape, const EngineOptions& o, uint64_t free_bytes, bool records_steps,
+                            std::string_view memory_kind = "free device memory");
+
+// MemAvailable of /proc/meminfo (what the host can hand out without swapping); nullopt where unknown.
+std::optional<uint64_t> host_available_memory();
+
+// The options an Engine runs with: max_context, kv_blocks and state_checkpoints resolved from their
+// defaults. The KV pool is sized from the device's free memory, or on the CPU from `host_available`
+// (nullopt: unknown, no cap); an explicit kv_blocks that does not fit in it throws.
+EngineOptions resolve_options(const EngineOptions& o, const models::Runner& model,
+                              std::optional<uint64_t> host_available);
 
 struct RequestParams {
   std::vector<int32_t> prompt;

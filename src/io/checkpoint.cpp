@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -47,6 +48,10 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) { return s.ends_with(suffix); }
+
+std::string config_label(const ModelConfig& config) {
+  return config.file.empty() ? std::string("config.json") : config.file.string();
+}
 
 // "a.b.mlp.experts.3.gate_proj.weight" -> {"a.b.mlp.experts", 3, "gate_proj.weight"}
 struct ExpertName {
@@ -150,6 +155,11 @@ class PlanBuilder {
 
 double mean_of(const CanonicalTensor& t) {
   std::vector<float> values = t.read_f32();
+  // A NaN would decide the norm layout below by accident; name the tensor instead.
+  if (const auto at = first_non_finite(DType::f32, values.data(), values.size()))
+    fail("{}: tensor '{}' holds {} at element {}: non-finite weights make the output garbage (a corrupt download "
+         "or a broken conversion)",
+         t.pieces.front().source->file->path().string(), t.sources.front(), values[*at], *at);
   if (values.empty()) return 0.0;
   double sum = 0.0;
   for (float v : values) sum += v;
@@ -223,8 +233,29 @@ void attach_quantization(NormalizationPlan& plan, const ModelConfig& config, con
   }
 }
 
+// Why the config expects a per-layer tensor the checkpoint lacks: the layer count, and the layer's kind.
+std::string layer_hint(const ModelConfig& config, std::string_view tensor) {
+  static constexpr std::string_view kLayers = "model.layers.";
+  if (!tensor.starts_with(kLayers)) return "";
+  const int64_t layer = std::atoll(std::string(tensor.substr(kLayers.size())).c_str());
+  const TextConfig& c = config.text;
+  if (layer < 0 || layer >= static_cast<int64_t>(c.layer_types.size())) return "";
+  return fmt::format(" ({}: num_hidden_layers is {}; layer {} is {} by layer_types / full_attention_interval)",
+                     config_label(config), c.num_hidden_layers, layer, name(c.layer_types[layer]));
+}
+
+// A stored shape that disagrees with the config: the first dimension that differs and the field it comes from.
+std::string shape_mismatch(const ModelConfig& config, const ExpectedTensor& e, const std::vector<int64_t>& shape) {
+  if (shape.size() != e.shape.size() || e.dims.size() != e.shape.size()) return "";
+  for (size_t d = 0; d < e.shape.size(); ++d)
+    if (shape[d] != e.shape[d])
+      return fmt::format(": dimension {} is {}, but {} says {} = {}", d, shape[d], config_label(config), e.dims[d],
+                         e.shape[d]);
+  return "";
+}
+
 void check_quantized(const NormalizationPlan& plan, const ExpectedTensor& e, const CanonicalTensor& weight,
-                     const std::string& label) {
+                     const ModelConfig& config, const std::string& label) {
   const QuantSpec& q = *weight.quant;
   const int64_t in = e.shape.back();
   std::vector<int64_t> packed = e.shape;
@@ -233,10 +264,12 @@ void check_quantized(const NormalizationPlan& plan, const ExpectedTensor& e, con
                "{}: tensor '{}' ({}) is quantized {} {}-bit group {}, but its input size {} is not a multiple of the "
                "group size and of 32/bits",
                label, e.name, weight.sources.front(), q.mode, q.bits, q.group_size, in);
+  std::vector<int64_t> unpacked = weight.shape;  // the logical shape the stored one stands for
+  if (!unpacked.empty()) unpacked.back() = unpacked.back() * 32 / q.bits;
   QINFER_CHECK(weight.dtype == DType::u32 && weight.shape == packed,
-               "{}: quantized weight '{}' ({}) is {} {}, expected uint32 {} for logical shape {} at {} bits", label,
+               "{}: quantized weight '{}' ({}) is {} {}, expected uint32 {} for logical shape {} at {} bits{}", label,
                e.name, weight.sources.front(), name(weight.dtype), shape_str(weight.shape), shape_str(packed),
-               shape_str(e.shape), q.bits);
+               shape_str(e.shape), q.bits, shape_mismatch(config, e, unpacked));
   std::string base = e.name.substr(0, e.name.size() - std::string_view(".weight").size());
   std::vector<int64_t> grouped = e.shape;
   grouped.back() = in / q.group_size;
@@ -252,14 +285,16 @@ void check_quantized(const NormalizationPlan& plan, const ExpectedTensor& e, con
   }
 }
 
-void validate(NormalizationPlan& plan, const std::vector<ExpectedTensor>& expected, const std::string& label) {
+void validate(NormalizationPlan& plan, const std::vector<ExpectedTensor>& expected, const ModelConfig& config,
+              const std::string& label) {
   std::set<std::string, std::less<>> known;
   for (const ExpectedTensor& e : expected) {
     known.insert(e.name);
     const CanonicalTensor* t = plan.find(e.name);
-    QINFER_CHECK(t != nullptr, "{}: tensor '{}' is missing (expected shape {})", label, e.name, shape_str(e.shape));
+    QINFER_CHECK(t != nullptr, "{}: tensor '{}' is missing (expected shape {}){}", label, e.name, shape_str(e.shape),
+                 layer_hint(config, e.name));
     if (t->quant && e.quantizable) {
-      check_quantized(plan, e, *t, label);
+      check_quantized(plan, e, *t, config, label);
       if (e.name.ends_with(".weight")) {
         const std::string base = e.name.substr(0, e.name.size() - 7);
         known.insert(base + ".scales");
@@ -271,8 +306,8 @@ void validate(NormalizationPlan& plan, const std::vector<ExpectedTensor>& expect
                  t->sources.front());
     QINFER_CHECK(traits(t->dtype).is_float, "{}: tensor '{}' ({}) has dtype {}, expected a float type", label, e.name,
                  t->sources.front(), name(t->dtype));
-    QINFER_CHECK(t->shape == e.shape, "{}: tensor '{}' ({}) has shape {}, expected {}", label, e.name,
-                 t->sources.front(), shape_str(t->shape), shape_str(e.shape));
+    QINFER_CHECK(t->shape == e.shape, "{}: tensor '{}' ({}) has shape {}, expected {}{}", label, e.name,
+                 t->sources.front(), shape_str(t->shape), shape_str(e.shape), shape_mismatch(config, e, t->shape));
   }
   // Tensors the family does not use are reported and left out, as transformers does with a warning.
   for (auto it = plan.tensors.begin(); it != plan.tensors.end();) {
@@ -469,7 +504,7 @@ NormalizationPlan normalize_checkpoint(const ModelConfig& config, const TensorSt
   attach_quantization(plan, config, store);
   if (rules.zero_centred_norms) decide_norm_shift(plan, hf_conv_layout, label);
   bool with_mtp = plan.count(TensorGroup::mtp) > 0;
-  if (rules.expected) validate(plan, rules.expected(config.text, with_mtp), label);
+  if (rules.expected) validate(plan, rules.expected(config.text, with_mtp), config, label);
   return plan;
 }
 

@@ -67,6 +67,9 @@ struct ExpectedTensor {
   std::string name;
   std::vector<int64_t> shape;  // logical shape (unpacked)
   bool quantizable = false;    // a Linear / Embedding / SwitchLinear weight MLX may quantize
+  // Per dimension, the config.json fields it comes from ("num_key_value_heads x head_dim"), so a
+  // shape that disagrees with the config names the field.
+  std::vector<std::string> dims = {};
 };
 
 // The family-specific facts normalization needs.

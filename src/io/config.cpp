@@ -1,6 +1,8 @@
 #include "io/config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
@@ -110,8 +112,33 @@ struct Fields {
   }
 };
 
-void check_positive(const JsonObject& obj, std::string_view key, int64_t value) {
-  QINFER_CHECK(value > 0, "{}: must be a positive integer, got {}", obj.where(key), value);
+// Upper bounds on config sizes, checked before anything is sized by them. Each is 16x or more above
+// the largest value of any released Qwen model (94 layers, hidden 8192, intermediate 29568, 96 heads,
+// head_dim 256, vocab 248320, 512 experts, ~1M positions), so only a corrupt config.json meets one,
+// and the products of any of them still fit in 64 bits.
+constexpr int64_t kMaxLayers = 4096, kMaxHidden = 1 << 20, kMaxIntermediate = 1 << 22, kMaxHeads = 1 << 14,
+                  kMaxHeadDim = 1 << 14, kMaxVocab = 1 << 24, kMaxExperts = 1 << 16, kMaxPositions = 1 << 24,
+                  kMaxKernel = 1 << 10;
+
+void check_range(const JsonObject& obj, std::string_view key, int64_t value, int64_t min, int64_t max) {
+  QINFER_CHECK(value >= min, "{}: must be {}, got {}", obj.where(key),
+               min == 1 ? "a positive integer" : fmt::format("an integer of at least {}", min), value);
+  QINFER_CHECK(value <= max, "{}: {} is above the limit of {} (far beyond any Qwen model: a corrupt config?)",
+               obj.where(key), value, max);
+}
+
+void check_size(const JsonObject& obj, std::string_view key, int64_t value, int64_t max) {
+  check_range(obj, key, value, 1, max);
+}
+
+// Floats that scale the math: a zero, negative or out-of-range one makes every output garbage.
+void check_real(const JsonObject& obj, std::string_view key, double value, double min_exclusive, double max) {
+  QINFER_CHECK(value > min_exclusive && value <= max, "{}: {} is outside ({}, {}]", obj.where(key), value,
+               min_exclusive, max);
+}
+
+void check_positive_real(const JsonObject& obj, std::string_view key, double value) {
+  QINFER_CHECK(std::isfinite(value) && value > 0, "{}: must be a positive number, got {}", obj.where(key), value);
 }
 
 QuantSpec parse_quant_spec(const JsonObject& obj, QuantSpec base) {
@@ -194,6 +221,17 @@ RopeConfig parse_rope(const JsonObject& text, const Fields& f) {
     if (auto section = params->ints_opt("mrope_section")) rope.mrope_section = *section;
     if (auto interleaved = params->bool_opt("mrope_interleaved")) rope.mrope_interleaved = *interleaved;
   }
+  // Each value is checked where it was read from, so the error names that field.
+  const auto owner = [&](std::string_view key) -> const JsonObject& {
+    return params && params->has(key) ? *params : text;
+  };
+  check_positive_real(owner("rope_theta"), "rope_theta", rope.theta);
+  check_real(owner("partial_rotary_factor"), "partial_rotary_factor", rope.partial_rotary_factor, 0, 1);
+  if (params) check_positive_real(*params, "factor", rope.factor);
+  if (rope.original_max_position_embeddings)
+    check_size(*params, "original_max_position_embeddings", *rope.original_max_position_embeddings, kMaxPositions);
+  for (int64_t section : rope.mrope_section)
+    check_range(owner("mrope_section"), "mrope_section", section, 0, kMaxHeadDim);
   static constexpr std::string_view kTypes[] = {"default", "linear", "dynamic", "yarn", "llama3", "mrope"};
   QINFER_CHECK(std::find(std::begin(kTypes), std::end(kTypes), rope.type) != std::end(kTypes),
                "{}: unsupported rope_type '{}' (supported: default, linear, dynamic, yarn, llama3, mrope)",
@@ -218,7 +256,7 @@ std::vector<LayerKind> parse_layer_types(const JsonObject& text, const Fields& f
   }
   // HF derives the pattern when layer_types is absent: every interval-th layer is full attention.
   const int64_t interval = hybrid ? f.int_or("full_attention_interval", 4) : 1;
-  QINFER_CHECK(interval > 0, "{}: must be positive, got {}", text.where("full_attention_interval"), interval);
+  check_size(text, "full_attention_interval", interval, kMaxLayers);
   for (int64_t i = 0; i < layers; ++i)
     kinds.push_back((i + 1) % interval == 0 ? LayerKind::full_attention : LayerKind::linear_attention);
   return kinds;
@@ -234,17 +272,20 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
   t.num_hidden_layers = f.int_req("num_hidden_layers");
   t.num_attention_heads = f.int_req("num_attention_heads");
   t.num_key_value_heads = f.int_or("num_key_value_heads", t.num_attention_heads);
-  for (auto [key, value] : {std::pair{"vocab_size", t.vocab_size}, {"hidden_size", t.hidden_size},
-                            {"num_hidden_layers", t.num_hidden_layers}, {"num_attention_heads", t.num_attention_heads},
-                            {"num_key_value_heads", t.num_key_value_heads}})
-    check_positive(text, key, value);
+  check_size(text, "vocab_size", t.vocab_size, kMaxVocab);
+  check_size(text, "hidden_size", t.hidden_size, kMaxHidden);
+  check_size(text, "num_hidden_layers", t.num_hidden_layers, kMaxLayers);
+  check_size(text, "num_attention_heads", t.num_attention_heads, kMaxHeads);
+  check_size(text, "num_key_value_heads", t.num_key_value_heads, kMaxHeads);
   t.head_dim = f.int_or("head_dim", t.hidden_size / t.num_attention_heads);
-  check_positive(text, "head_dim", t.head_dim);
+  check_size(text, "head_dim", t.head_dim, kMaxHeadDim);
   QINFER_CHECK(t.num_attention_heads % t.num_key_value_heads == 0,
                "{}: {} does not divide num_attention_heads {}", text.where("num_key_value_heads"),
                t.num_key_value_heads, t.num_attention_heads);
   t.max_position_embeddings = f.int_or("max_position_embeddings", 32768);
+  check_size(text, "max_position_embeddings", t.max_position_embeddings, kMaxPositions);
   t.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
+  check_real(text, "rms_norm_eps", t.rms_norm_eps, 0, 1);
   // A VLM's head tying is decided by its outer config (the class that owns lm_head).
   t.tie_word_embeddings = top.bool_opt("tie_word_embeddings").value_or(f.bool_or("tie_word_embeddings", false));
   t.attention_bias = f.bool_or("attention_bias", false);
@@ -271,17 +312,20 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
     t.linear_key_head_dim = f.int_req("linear_key_head_dim");
     t.linear_value_head_dim = f.int_req("linear_value_head_dim");
     t.linear_conv_kernel_dim = f.int_req("linear_conv_kernel_dim");
-    for (auto key : {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                     "linear_conv_kernel_dim"})
-      check_positive(text, key, f.int_req(key));
+    check_size(text, "linear_num_key_heads", t.linear_num_key_heads, kMaxHeads);
+    check_size(text, "linear_num_value_heads", t.linear_num_value_heads, kMaxHeads);
+    check_size(text, "linear_key_head_dim", t.linear_key_head_dim, kMaxHeadDim);
+    check_size(text, "linear_value_head_dim", t.linear_value_head_dim, kMaxHeadDim);
+    check_size(text, "linear_conv_kernel_dim", t.linear_conv_kernel_dim, kMaxKernel);
     QINFER_CHECK(t.linear_num_value_heads % t.linear_num_key_heads == 0,
                  "{}: {} is not a multiple of linear_num_key_heads {}", text.where("linear_num_value_heads"),
                  t.linear_num_value_heads, t.linear_num_key_heads);
   }
 
   // transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
-  if (auto local = text.int_opt("num_local_experts"); local && !text.has("num_experts")) t.num_experts = *local;
-  else t.num_experts = f.int_or("num_experts", 0);
+  const bool local = text.has("num_local_experts") && !text.has("num_experts");
+  t.num_experts = local ? *text.int_opt("num_local_experts") : f.int_or("num_experts", 0);
+  check_range(text, local ? "num_local_experts" : "num_experts", t.num_experts, 0, kMaxExperts);
   if (t.num_experts > 0) {
     t.num_experts_per_tok = f.int_req("num_experts_per_tok");
     t.moe_intermediate_size = f.int_req("moe_intermediate_size");
@@ -290,11 +334,12 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
     QINFER_CHECK(t.num_experts_per_tok > 0 && t.num_experts_per_tok <= t.num_experts,
                  "{}: must be in 1..num_experts ({}), got {}", text.where("num_experts_per_tok"), t.num_experts,
                  t.num_experts_per_tok);
-    check_positive(text, "moe_intermediate_size", t.moe_intermediate_size);
+    check_size(text, "moe_intermediate_size", t.moe_intermediate_size, kMaxIntermediate);
+    check_range(text, "shared_expert_intermediate_size", t.shared_expert_intermediate_size, 0, kMaxIntermediate);
     // Qwen3.5-MoE puts MoE in every layer: HF deletes decoder_sparse_step / mlp_only_layers.
     if (!defaults.value("every_layer_moe", false)) {
       t.decoder_sparse_step = f.int_or("decoder_sparse_step", 1);
-      check_positive(text, "decoder_sparse_step", t.decoder_sparse_step);
+      check_size(text, "decoder_sparse_step", t.decoder_sparse_step, kMaxLayers);
       t.mlp_only_layers = f.ints_or_empty("mlp_only_layers");
     } else {
       t.norm_topk_prob = true;  // Qwen3.5-MoE's router always renormalizes (HF has no switch for it)
@@ -304,15 +349,17 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
   for (int64_t i = 0; i < t.num_hidden_layers; ++i) any_dense = any_dense || !t.is_moe_layer(i);
   if (any_dense) {
     t.intermediate_size = f.int_req("intermediate_size");
-    check_positive(text, "intermediate_size", t.intermediate_size);
+    check_size(text, "intermediate_size", t.intermediate_size, kMaxIntermediate);
   } else {
     t.intermediate_size = f.int_or("intermediate_size", 0);
+    check_range(text, "intermediate_size", t.intermediate_size, 0, kMaxIntermediate);
   }
 
   // Qwen3-Next names its MTP depth num_nextn_predict_layers; Qwen3.5 mtp_num_hidden_layers.
-  if (auto nextn = text.int_opt("num_nextn_predict_layers")) t.mtp_num_hidden_layers = *nextn;
-  else t.mtp_num_hidden_layers = f.int_or("mtp_num_hidden_layers", 0);
-  QINFER_CHECK(t.mtp_num_hidden_layers >= 0, "{}: must not be negative", text.where("mtp_num_hidden_layers"));
+  const bool nextn = text.has("num_nextn_predict_layers");
+  t.mtp_num_hidden_layers = nextn ? *text.int_opt("num_nextn_predict_layers") : f.int_or("mtp_num_hidden_layers", 0);
+  check_range(text, nextn ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", t.mtp_num_hidden_layers, 0,
+              kMaxLayers);
 
   // The outer dtype is the stored one: transformers 5 writes nested configs with the load dtype.
   for (const JsonObject* owner : {&top, &text})
@@ -335,13 +382,19 @@ VisionConfig parse_vision(const JsonObject& obj) {
   v.in_channels = f.int_req("in_channels");
   v.out_hidden_size = f.int_req("out_hidden_size");
   v.num_position_embeddings = f.int_req("num_position_embeddings");
-  for (auto key : {"depth", "hidden_size", "num_heads", "intermediate_size", "patch_size", "temporal_patch_size",
-                   "spatial_merge_size", "in_channels", "out_hidden_size", "num_position_embeddings"})
-    check_positive(obj, key, f.int_req(key));
+  check_size(obj, "depth", v.depth, kMaxLayers);
+  check_size(obj, "hidden_size", v.hidden_size, kMaxHidden);
+  check_size(obj, "num_heads", v.num_heads, kMaxHeads);
+  check_size(obj, "intermediate_size", v.intermediate_size, kMaxIntermediate);
+  for (auto key : {"patch_size", "temporal_patch_size", "spatial_merge_size", "in_channels"})
+    check_size(obj, key, f.int_req(key), kMaxKernel);
+  check_size(obj, "out_hidden_size", v.out_hidden_size, kMaxHidden);
+  check_size(obj, "num_position_embeddings", v.num_position_embeddings, kMaxPositions);
   QINFER_CHECK(v.hidden_size % v.num_heads == 0, "{}: {} is not divisible by num_heads {}", obj.where("hidden_size"),
                v.hidden_size, v.num_heads);
   v.hidden_act = obj.string_opt("hidden_act").value_or(kVisionDefaults["hidden_act"].get<std::string>());
   v.deepstack_visual_indexes = f.ints_or_empty("deepstack_visual_indexes");
+  for (int64_t index : v.deepstack_visual_indexes) check_range(obj, "deepstack_visual_indexes", index, 0, v.depth - 1);
   return v;
 }
 
@@ -354,6 +407,8 @@ void parse_tokens(const JsonObject& top, const JsonObject& text, TokenIds& ids) 
     const json& eos = eos_owner.raw().at("eos_token_id");
     if (eos.is_array()) ids.eos = *eos_owner.ints_opt("eos_token_id");
     else ids.eos = {*eos_owner.int_opt("eos_token_id")};
+    // Stop ids are token ids (int32) everywhere after this.
+    for (int64_t id : ids.eos) check_range(eos_owner, "eos_token_id", id, 0, std::numeric_limits<int32_t>::max());
   }
   ids.image = top.int_opt("image_token_id");
   ids.video = top.int_opt("video_token_id");

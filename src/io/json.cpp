@@ -1,9 +1,10 @@
 #include "io/json.h"
 
-#include <fstream>
-#include <sstream>
+#include <cmath>
+#include <cstdint>
 
 #include "core/error.h"
+#include "io/file.h"
 
 namespace qinfer::io {
 namespace {
@@ -62,17 +63,15 @@ std::optional<std::string> json_too_deep(std::string_view text, int max_depth) {
 }
 
 json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  QINFER_CHECK(in.good(), "{}: cannot open file", path.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  const std::string text = read_model_file(path);
   if (const auto key = json_too_deep(text))
     fail("{}: {}nested deeper than {} levels", path.string(), key->empty() ? "" : *key + ": ", kMaxJsonDepth);
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
     fail("{}: malformed JSON at byte {}: {}", path.string(), e.byte, e.what());
+  } catch (const json::exception& e) {  // a number too large for a double (1e999)
+    fail("{}: malformed JSON: {}", path.string(), e.what());
   }
 }
 
@@ -94,11 +93,14 @@ std::string JsonObject::where(std::string_view key) const {
 std::optional<int64_t> JsonObject::int_opt(std::string_view key) const {
   if (!has(key)) return std::nullopt;
   const json& v = object_->at(std::string(key));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    fail("{}: {} is out of the range of a 64-bit integer", where(key), describe(v));
   if (v.is_number_integer()) return v.get<int64_t>();
-  // Some writers emit integral floats ("4.0"); accept them only when exact.
+  // Some writers emit integral floats ("4.0"); accept them only when exact and in range (casting
+  // one outside int64 is undefined).
   if (v.is_number_float()) {
-    double d = v.get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+    const double d = v.get<double>();
+    if (std::isfinite(d) && std::trunc(d) == d && std::abs(d) < 0x1p63) return static_cast<int64_t>(d);
   }
   fail("{}: expected an integer, got {}", where(key), describe(v));
 }
@@ -107,6 +109,8 @@ std::optional<double> JsonObject::number_opt(std::string_view key) const {
   if (!has(key)) return std::nullopt;
   const json& v = object_->at(std::string(key));
   QINFER_CHECK(v.is_number(), "{}: expected a number, got {}", where(key), describe(v));
+  // A literal like 1e999 parses to infinity.
+  QINFER_CHECK(std::isfinite(v.get<double>()), "{}: expected a finite number, got {}", where(key), describe(v));
   return v.get<double>();
 }
 
@@ -130,8 +134,9 @@ std::optional<std::vector<int64_t>> JsonObject::ints_opt(std::string_view key) c
   QINFER_CHECK(v.is_array(), "{}: expected an array of integers, got {}", where(key), describe(v));
   std::vector<int64_t> out;
   for (const json& item : v) {
-    QINFER_CHECK(item.is_number_integer(), "{}: expected an array of integers, got element {}", where(key),
-                 describe(item));
+    QINFER_CHECK(item.is_number_integer() &&
+                     !(item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)),
+                 "{}: expected an array of integers, got element {}", where(key), describe(item));
     out.push_back(item.get<int64_t>());
   }
   return out;

@@ -23,7 +23,8 @@ inline constexpr int kMaxJsonDepth = 128;
 // that needs no valid JSON: run it before parsing.
 std::optional<std::string> json_too_deep(std::string_view text, int max_depth = kMaxJsonDepth);
 
-// Parses a whole JSON file; errors name the file and the parse position (or the depth).
+// Parses a whole JSON file of a model folder (read_model_file: a regular file of bounded size);
+// errors name the file and the parse position (or the depth).
 json read_json_file(const std::filesystem::path& path);
 
 // A view of one JSON object at a path inside a named document.

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/json.h"
 
 namespace qinfer::io {
@@ -244,7 +245,9 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, std::string
 }
 
 MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check_regular_file(path);  // open() of a FIFO waits for a writer: never reach it
+  // O_NONBLOCK: should the path turn into a FIFO after the check, open must not wait either.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail("cannot open {}: {}", path.string(), errno_text(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -254,7 +257,7 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("cannot map {}: not a regular file", path.string());
+    fail("{}: is not a regular file", path.string());
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {

@@ -2,6 +2,7 @@
 // Moves canonical checkpoint tensors onto a backend: matrices keep their stored form (bf16 stays
 // bf16, MLX-quantized stays packed: decode streams it), vectors (norm gains, conv kernels, gates' parameters) become f32 with
 // any due +1 applied. Under tensor parallelism each rank loads only its slice (parallel/sharding.h).
+// A NaN or infinity in any float tensor (a quantized one's scales / biases) is an Error naming it.
 #include <string>
 
 #include "backend/ops.h"
@@ -30,8 +31,10 @@ class WeightLoader {
   const parallel::ShardPlan* shard_;
 
   parallel::Slice slice(const io::CanonicalTensor& t) const;
-  // A rank's slice of a tensor (of its weight's slice, for scales and biases) on the backend.
-  Tensor upload_slice(const io::CanonicalTensor& t, const parallel::Slice& slice, int64_t logical_columns) const;
+  // A rank's slice of a tensor (of its weight's slice, for scales and biases) on the backend, checked
+  // for NaN and infinity as `values` (the dtype its bytes hold).
+  Tensor upload_slice(const io::CanonicalTensor& t, const parallel::Slice& slice, int64_t logical_columns,
+                      DType values) const;
 };
 
 }  // namespace qinfer::layers

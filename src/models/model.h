@@ -50,6 +50,8 @@ class Runner {
   // The backend holding the logits forward() returns: sampling and free-memory queries go there.
   virtual Ops& ops() const = 0;
   virtual CacheShape cache_shape() const = 0;  // one rank's (of a group: each rank holds this much)
+  // Ranks of this process, each holding a cache_shape() cache: on the CPU they share host memory.
+  virtual int local_ranks() const { return 1; }
   // Caches for every rank: `num_blocks` KV blocks of `block_size` tokens, `num_slots` state slots.
   virtual ModelCache make_cache(int64_t num_blocks, int32_t block_size, int64_t num_slots) const = 0;
   // A cache for `sequences` sequences of up to `tokens` tokens each.

@@ -37,6 +37,7 @@ class TensorParallelModel final : public Runner {
   TensorParallelModel& operator=(const TensorParallelModel&) = delete;
 
   int size() const { return static_cast<int>(ops_.size()); }  // this process's ranks
+  int local_ranks() const override { return size(); }
   const io::TextConfig& config() const override { return config_; }
   Ops& ops() const override { return *ops_[0]; }
   CacheShape cache_shape() const override;

@@ -11,10 +11,10 @@ namespace qinfer::quant {
 namespace {
 
 constexpr ModeTraits kModes[] = {
-    {Mode::affine, "affine", 0, 0, true, true},
-    {Mode::mxfp4, "mxfp4", 4, 32, false, false},
-    {Mode::nvfp4, "nvfp4", 4, 16, false, false},
-    {Mode::mxfp8, "mxfp8", 8, 32, false, false},
+    {Mode::affine, "affine", 0, 0, true, true, DType::u8},
+    {Mode::mxfp4, "mxfp4", 4, 32, false, false, DType::e8m0},
+    {Mode::nvfp4, "nvfp4", 4, 16, false, false, DType::f8_e4m3},
+    {Mode::mxfp8, "mxfp8", 8, 32, false, false, DType::e8m0},
 };
 
 void pack(uint32_t* row, int64_t j, int bits, uint32_t code) {

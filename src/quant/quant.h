@@ -19,6 +19,7 @@ struct ModeTraits {
   int group_size;  // 0 = chosen per tensor (affine: 32, 64 or 128)
   bool has_biases;
   bool float_scales;  // affine scales are stored in the weight dtype; the fp modes store uint8 codes
+  DType scale_codes;  // what those uint8 codes are (E8M0 exponents, E4M3 values); affine: unused
 };
 
 const ModeTraits& traits(Mode mode);

@@ -1,10 +1,9 @@
 #include "tokenizer/chat_template.h"
 
 #include <ctime>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/json.h"
 #include "tokenizer/jinja/pystr.h"
 #include "tokenizer/utf8.h"
@@ -16,16 +15,8 @@ using ordered_json = nlohmann::ordered_json;
 
 std::string json_type(const ordered_json& j) { return j.type_name(); }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  QINFER_CHECK(in, "cannot read {}", path.string());
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 ordered_json read_json(const std::filesystem::path& path) {
-  const std::string text = read_file(path);
+  const std::string text = io::read_model_file(path);
   if (io::json_too_deep(text)) fail("{}: nested deeper than {} levels", path.string(), io::kMaxJsonDepth);
   try {
     return ordered_json::parse(text);
@@ -179,7 +170,8 @@ ChatTemplate ChatTemplate::from_model_dir(const std::filesystem::path& dir) {
   ordered_json config = std::filesystem::exists(config_path) ? read_json(config_path) : ordered_json::object();
   const auto jinja_path = dir / "chat_template.jinja";
   // Origins name files inside the model folder: render errors reach clients, which need no server paths.
-  if (std::filesystem::exists(jinja_path)) return ChatTemplate(read_file(jinja_path), "chat_template.jinja", config);
+  if (std::filesystem::exists(jinja_path))
+    return ChatTemplate(io::read_model_file(jinja_path), "chat_template.jinja", config);
   if (config.contains("chat_template")) {
     const ordered_json& t = config["chat_template"];
     const std::string origin = "tokenizer_config.json[chat_template]";

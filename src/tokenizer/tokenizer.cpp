@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/normalizer.h"
@@ -130,14 +129,6 @@ AddedToken read_added_token(const json& node, const std::string& where) {
   t.rstrip = bool_field(node, "rstrip", false, where);
   t.normalized = bool_field(node, "normalized", !t.special, where);
   return t;
-}
-
-std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  QINFER_CHECK(in.good(), "{}: cannot open file", path.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
 }
 
 }  // namespace
@@ -481,7 +472,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   Tokenizer t = from_json(tokenizer_json, tokenizer_path.string(), config ? &*config : nullptr, config_path.string());
   // Newer transformers save the template beside the config; it takes precedence there too.
   if (const auto jinja = dir / "chat_template.jinja"; std::filesystem::exists(jinja))
-    t.impl_->config.chat_template = read_text_file(jinja);
+    t.impl_->config.chat_template = io::read_model_file(jinja);
   return t;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -308,6 +309,40 @@ TEST(DType, StorageBytes) {
   EXPECT_EQ(storage_bytes(DType::f4_e2m1, 1), 1u);
   EXPECT_EQ(storage_bytes(DType::boolean, 5), 5u);
   EXPECT_EQ(storage_bytes(DType::f8_e4m3, uint64_t{1} << 40), uint64_t{1} << 40);
+}
+
+// The load-time weight scan: exactly the patterns that decode to NaN or infinity, at any position
+// (across its 4096-element blocks) and any alignment (safetensors data need not be aligned).
+TEST(DType, FirstNonFiniteMatchesTheDecodedValue) {
+  for (DType dtype : {DType::f16, DType::bf16, DType::f8_e4m3, DType::f8_e5m2, DType::e8m0}) {
+    const uint32_t patterns = 1u << bits(dtype);
+    for (uint32_t p = 0; p < patterns; ++p) {
+      float value = 0;
+      convert_to_f32(dtype, &p, &value, 1);  // little-endian: the low bytes hold the pattern
+      EXPECT_EQ(first_non_finite(dtype, &p, 1).has_value(), !std::isfinite(value)) << name(dtype) << " " << p;
+    }
+  }
+  for (float v : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity()})
+    EXPECT_EQ(first_non_finite(DType::f32, &v, 1), 0u);
+  for (float v : {0.0f, -0.0f, 1e38f, -3.0f, std::numeric_limits<float>::denorm_min()})
+    EXPECT_EQ(first_non_finite(DType::f32, &v, 1), std::nullopt);
+  const double d[2] = {1e308, -std::numeric_limits<double>::infinity()};
+  EXPECT_EQ(first_non_finite(DType::f64, d, 2), 1u);
+  const int32_t ints[1] = {-1};  // all ones, but integers have no NaN
+  EXPECT_EQ(first_non_finite(DType::i32, ints, 1), std::nullopt);
+
+  std::vector<uint16_t> bf16(10000, 0x3F80);  // 1.0
+  std::vector<char> unaligned(bf16.size() * 2 + 1);
+  for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{9999}}) {
+    std::fill(bf16.begin(), bf16.end(), 0x3F80);
+    bf16[at] = 0xFF80;  // -inf
+    bf16[std::min<size_t>(at + 1, 9999)] = 0x7FC0;
+    EXPECT_EQ(first_non_finite(DType::bf16, bf16.data(), bf16.size()), at);
+    std::memcpy(unaligned.data() + 1, bf16.data(), bf16.size() * 2);
+    EXPECT_EQ(first_non_finite(DType::bf16, unaligned.data() + 1, bf16.size()), at);
+  }
+  EXPECT_EQ(first_non_finite(DType::bf16, bf16.data(), 9999), std::nullopt);  // the last element is past count
 }
 
 }  // namespace

@@ -13,7 +13,9 @@ using Expected = std::vector<io::ExpectedTensor>;
 void add_embedding_and_head(Expected& out, const io::TextConfig& c);
 // Plain (Qwen3) or output-gated (Next / 3.5: q_proj doubled) attention with per-head q/k norms.
 void add_attention(Expected& out, const std::string& prefix, const io::TextConfig& c, bool gated);
-void add_dense_mlp(Expected& out, const std::string& prefix, int64_t hidden, int64_t intermediate);
+// `intermediate_field` names the config field the intermediate size comes from, for errors.
+void add_dense_mlp(Expected& out, const std::string& prefix, int64_t hidden, int64_t intermediate,
+                   const std::string& intermediate_field);
 // Router + stacked experts (+ shared expert and its sigmoid gate when the config has one).
 void add_moe(Expected& out, const std::string& prefix, const io::TextConfig& c);
 void add_layer_norms(Expected& out, const std::string& prefix, int64_t hidden);
