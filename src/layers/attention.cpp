@@ -2,9 +2,17 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace qinfer::layers {
 
 RopeParams rope_params(const io::TextConfig& c) {
+  // Scaled rotary frequencies change every position's rotation: running such a checkpoint with plain
+  // ones would answer, wrongly. "dynamic" NTK equals plain RoPE up to max_position_embeddings, which
+  // bounds the context here.
+  QINFER_CHECK(c.rope.type == "default" || c.rope.type == "mrope" || c.rope.type == "dynamic",
+               "config.json: rope_type '{}' (scaled rotary frequencies, factor {}) is not implemented; remove "
+               "rope_scaling to run the model within its original context", c.rope.type, c.rope.factor);
   RopeParams p;
   p.rotary_dim = c.rotary_dim();
   p.theta = c.rope.theta;

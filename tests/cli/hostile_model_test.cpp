@@ -287,5 +287,20 @@ TEST(HostileModel, BadNormEpsilonIsAnErrorNotGarbage) {
   }
 }
 
+// A rope scaling the kernels do not apply is refused at load, not run with plain frequencies.
+TEST(HostileModel, UnimplementedRopeScalingIsAnError) {
+  for (const char* type : {"yarn", "linear", "llama3"}) {
+    TempDir dir;
+    demo_copy(dir.path());
+    io::json config = read_json(dir / "config.json");
+    io::json& rope = config["text_config"]["rope_parameters"];
+    rope["rope_type"] = type;
+    rope["factor"] = 4.0;
+    rope["original_max_position_embeddings"] = 1024;
+    write_json(dir / "config.json", config);
+    expect_error(run(dir.path()), std::string("rope_type '") + type + "'", "not implemented");
+  }
+}
+
 }  // namespace
 }  // namespace qinfer::testing
