@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/json.h"
 #include "tokenizer/chat_template.h"
 
 namespace qinfer::cli {
@@ -20,6 +21,9 @@ void add_render_command(CLI::App& app) {
   cmd->callback([model] {
     const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
     nlohmann::ordered_json request;
+    // nlohmann parses recursively: a deep enough document would overflow the stack.
+    if (const auto key = io::json_too_deep(text))
+      fail("request on stdin: nested deeper than {} levels{}", io::kMaxJsonDepth, key->empty() ? "" : " (under \"" + *key + "\")");
     try {
       request = nlohmann::ordered_json::parse(text);
     } catch (const nlohmann::json::exception& e) {

@@ -16,6 +16,7 @@ namespace {
 using io::json;
 
 json parse_line(const std::string& line, size_t number) {
+  if (io::json_too_deep(line)) fail("stdin line {}: nested deeper than {} levels", number, io::kMaxJsonDepth);
   try {
     return json::parse(line);
   } catch (const json::parse_error& e) {

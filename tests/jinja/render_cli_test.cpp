@@ -71,6 +71,12 @@ TEST_F(RenderCli, BadInputsFailWithAClearMessage) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("request on stdin is not valid JSON"), std::string::npos) << r.err;
 
+  // Nested past the depth limit: an error before parsing, not a stack overflow.
+  write("deep.json", "{\"messages\": [], \"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  r = render("model", dir_ / "deep.json");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("request on stdin: nested deeper than 128 levels (under \"x\")"), std::string::npos) << r.err;
+
   write("no_role.json", R"({"messages": [{"content": "hi"}]})");
   r = render("model", dir_ / "no_role.json");
   EXPECT_EQ(r.status, 1);

@@ -65,6 +65,7 @@ TEST_F(CliTokenize, BadLinesStopWithTheLineNumber) {
       {model, "\"\\ud800\"\n", "stdin line 1: not valid JSON"},                         // lone surrogate
       {model, "\n", "stdin line 1: not valid JSON"},
       {model, "[1, 2]\n", "stdin line 1: expected a JSON string, got array"},
+      {model + " --decode", std::string(100000, '[') + "\n", "stdin line 1: nested deeper than 128 levels"},
       {model + " --decode", "[1, 2]\n[1, 99999]\n", "stdin line 2: 99999 is not a token id"},
       {model + " --decode", "[-1]\n", "stdin line 1: -1 is not a token id"},
       {model + " --decode", "\"text\"\n", "stdin line 1: expected a JSON array of token ids, got string"},
