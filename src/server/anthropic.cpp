@@ -2,14 +2,17 @@
 
 #include <set>
 
+#include "server/request.h"
 #include "server/responses.h"
 
 namespace qinfer::server {
 namespace {
 
-const json* find(const json& object, const char* key) {
-  auto it = object.find(key);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
+constexpr auto find = member;
+
+// 400 for a member the API does not define or this server does not implement.
+void check_keys(const json& object, const std::set<std::string>& known, const std::string& where) {
+  refuse_unknown_members(object, known, where, "Messages API");
 }
 
 // A block's text, for content given as a string or as text blocks (system, tool_result).
@@ -28,14 +31,6 @@ std::string text_of(const json& content, const std::string& field) {
     out += block["text"].get<std::string>();
   }
   return out;
-}
-
-void check_keys(const json& object, const std::set<std::string>& known, const std::string& where) {
-  for (const auto& item : object.items())
-    if (!known.contains(item.key())) {
-      const std::string field = where.empty() ? item.key() : where + "." + item.key();
-      bad_request(field, "{}: not supported by this server's Messages API", field);
-    }
 }
 
 json convert_messages(const json& messages) {

@@ -7,6 +7,20 @@
 #include "io/json.h"
 
 namespace qinfer::server {
+
+const json* member(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+
+void refuse_unknown_members(const json& object, const std::set<std::string>& known, const std::string& where,
+                            std::string_view api) {
+  for (const auto& item : object.items())
+    if (!known.contains(item.key())) {
+      const std::string field = where.empty() ? item.key() : where + "." + item.key();
+      bad_request(field, "{}: not supported by this server's {}", field, api);
+    }
+}
 namespace {
 
 const char* type_name(const json& v) {
@@ -32,11 +46,7 @@ const char* type_name(const json& v) {
 }
 
 // A field's value, or null when it is absent or JSON null (clients send null for "not given").
-const json* get(const json& object, const char* key) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
+constexpr auto get = member;
 
 std::string brief(const json& v) {
   std::string s = dump(v);

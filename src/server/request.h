@@ -4,7 +4,9 @@
 // nothing here depends on the model except the sampling defaults handed in.
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <string_view>
 #include <vector>
 
@@ -73,6 +75,13 @@ struct CompletionRequest : GenerationRequest {
   };
   std::vector<Prompt> prompts;
 };
+
+// The member `key` of an object, or null when it is absent or JSON null.
+const json* member(const json& object, const char* key);
+// 400 naming the first member of `object` (at JSON path `where`, "" at the top) that is not in `known`:
+// "<field>: not supported by this server's <api>".
+void refuse_unknown_members(const json& object, const std::set<std::string>& known, const std::string& where,
+                            std::string_view api);
 
 // Parses a request body: 400 for invalid JSON (with the position), invalid UTF-8 or a non-object.
 json parse_body(std::string_view body);

@@ -4,26 +4,21 @@
 #include <set>
 #include <utility>
 
+#include "server/request.h"
 #include "server/responses.h"
 
 namespace qinfer::server {
 namespace {
 
-const json* find(const json& object, const char* key) {
-  auto it = object.find(key);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
+constexpr auto find = member;
+
+// 400 for a member the API does not define or this server does not implement.
+void check_keys(const json& object, const std::set<std::string>& known, const std::string& where) {
+  refuse_unknown_members(object, known, where, "Responses API");
 }
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-void check_keys(const json& object, const std::set<std::string>& known, const std::string& where) {
-  for (const auto& item : object.items())
-    if (!known.contains(item.key())) {
-      const std::string field = where.empty() ? item.key() : where + "." + item.key();
-      bad_request(field, "{}: not supported by this server's Responses API", field);
-    }
 }
 
 // Text of content given as a string or as parts (input_text, output_text, summary_text, reasoning_text).
