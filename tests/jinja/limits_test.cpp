@@ -32,6 +32,14 @@ bool contains(const std::string& text, std::string_view part) { return text.find
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// Time and memory bounds hold for a normal build; the sanitizers slow rendering ~10x and keep freed
+// memory in quarantine, so there only the errors are checked.
+#if defined(QINFER_SANITIZE)
+constexpr bool kMeasured = false;
+#else
+constexpr bool kMeasured = true;
+#endif
+
 // The process's peak resident memory in MiB (ru_maxrss is in KiB on Linux).
 double peak_rss_mib() {
   rusage usage{};
@@ -58,7 +66,7 @@ TEST(RenderLimits, NestedRangeLoopsStopAtTheStepLimit) {
   EXPECT_LE(e->line(), 3);
   EXPECT_TRUE(contains(e->what(), "t.jinja:" + std::to_string(e->line()) + ": ")) << e->what();
   // About 0.7 s on an idle core; the bound leaves room for a loaded test machine.
-  EXPECT_LT(elapsed, 5.0) << "the default step limit should stop a runaway loop in a second or two";
+  if (kMeasured) EXPECT_LT(elapsed, 5.0) << "the default step limit should stop a runaway loop in a second or two";
 }
 
 TEST(RenderLimits, EmptyLoopBodiesStillTakeSteps) {
@@ -89,7 +97,7 @@ TEST(RenderLimits, BuiltinWorkOnLongValuesTakesSteps) {
     ASSERT_TRUE(e) << source;
     EXPECT_EQ(e->kind(), ErrorKind::limit) << source;
     EXPECT_TRUE(contains(e->message(), "step limit")) << e->what();
-    EXPECT_LT(seconds_since(start), 2.0) << source;
+    if (kMeasured) EXPECT_LT(seconds_since(start), 2.0) << source;
   }
 }
 
@@ -132,9 +140,11 @@ TEST(RenderLimits, MemoryBombsStopAtTheMemoryLimit) {
     EXPECT_EQ(e->kind(), ErrorKind::limit) << bomb.name;
     EXPECT_TRUE(contains(e->message(), "memory limit (256 MiB")) << bomb.name << ": " << e->what();
     EXPECT_EQ(e->line(), 1) << bomb.name;
-    EXPECT_LT(elapsed, 5.0) << bomb.name;  // at most about 1 s on an idle core
-    // The peak only moves when this render passes every earlier one, so this is a bound, not a measurement.
-    EXPECT_LT(peak_rss_mib() - rss_before, 768.0) << bomb.name;
+    if (kMeasured) {
+      EXPECT_LT(elapsed, 5.0) << bomb.name;  // at most about 1 s on an idle core
+      // The peak only moves when this render passes every earlier one, so this is a bound, not a measurement.
+      EXPECT_LT(peak_rss_mib() - rss_before, 768.0) << bomb.name;
+    }
   }
 }
 
@@ -169,7 +179,9 @@ TEST(RenderLimits, BadAllocBecomesALimitError) {
   EXPECT_EQ(e->kind(), ErrorKind::limit);
   EXPECT_EQ(e->line(), 2);
   EXPECT_STREQ(e->what(), "t.jinja:2: the template ran out of memory");
-  // An allocation far past the address space, with the memory limit out of the way.
+  // An allocation far past the address space, with the memory limit out of the way (AddressSanitizer
+  // reports such a request instead of letting it fail, so not there).
+  if (!kMeasured) return;
   Limits unlimited;
   unlimited.max_bytes = UINT64_MAX;
   e = render_error("{{ 'x' * (2 ** 61) }}", unlimited);

@@ -522,7 +522,9 @@ TEST(ScriptedServer, RunawayTemplatesAre400NamingTheirLine) {
     s.generator.set_script({{"fine"}});
     const auto start = std::chrono::steady_clock::now();
     const HttpResponse r = s.post("/v1/chat/completions", chat_body(false));
+#if !defined(QINFER_SANITIZE)  // ~10x slower there
     EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+#endif
     EXPECT_EQ(r.status, 400) << r.body;
     const std::string message = r.body_json()["error"]["message"].get<std::string>();
     EXPECT_THAT(message, HasSubstr(t == &loops ? "chat_template.jinja:2" : "chat_template.jinja:3"));
