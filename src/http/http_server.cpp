@@ -702,8 +702,6 @@ void Server::stop(std::chrono::milliseconds grace) {
   s.workers.clear();
 }
 
-size_t Server::busy() const { return impl_->in_flight; }
-
 size_t Server::connections() const { return impl_->open; }
 
 }  // namespace qinfer::http

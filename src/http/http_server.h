@@ -104,8 +104,6 @@ class Server {
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
   // Stops accepting new connections (the first step of stop()).
   void stop_accepting();
-  // Requests being answered or waiting for a worker.
-  size_t busy() const;
   size_t connections() const;
 
  private:

@@ -154,6 +154,15 @@ std::string stop_reason(const std::string& finish, const json& stop_string) {
   return stop_string.is_string() ? "stop_sequence" : "end_turn";
 }
 
+// Anthropic's usage of a usage_json object: input_tokens leaves out what the prefix cache supplied.
+json anthropic_usage(const json& u) {
+  const int64_t cached = cached_tokens(u);
+  return {{"input_tokens", u.value("prompt_tokens", int64_t{0}) - cached},
+          {"output_tokens", u.value("completion_tokens", int64_t{0})},
+          {"cache_read_input_tokens", cached},
+          {"cache_creation_input_tokens", 0}};
+}
+
 std::string event(const char* name, const json& data) { return fmt::format("event: {}\ndata: {}\n\n", name, dump(data)); }
 
 class AnthropicStream final : public StreamFormat {
@@ -204,15 +213,9 @@ class AnthropicStream final : public StreamFormat {
 
   std::string close() override {
     std::string out = close_block();
-    json usage = {{"output_tokens", usage_.value("completion_tokens", 0)}};
-    const int64_t cached = usage_.contains("prompt_tokens_details")
-                               ? usage_["prompt_tokens_details"].value("cached_tokens", int64_t{0})
-                               : 0;
-    usage["input_tokens"] = usage_.value("prompt_tokens", int64_t{0}) - cached;
-    usage["cache_read_input_tokens"] = cached;
     out += event("message_delta", {{"type", "message_delta"},
                                    {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
-                                   {"usage", std::move(usage)}});
+                                   {"usage", anthropic_usage(usage_)}});
     out += event("message_stop", {{"type", "message_stop"}});
     return out;
   }
@@ -334,8 +337,6 @@ json anthropic_message(const json& completion) {
       if (!input.is_object()) input = json::object();  // the grammar makes them objects; a cut-off one is not
       content.push_back({{"type", "tool_use"}, {"id", call["id"]}, {"name", call["function"]["name"]}, {"input", input}});
     }
-  const json& u = completion["usage"];
-  const int64_t cached = u.contains("prompt_tokens_details") ? u["prompt_tokens_details"].value("cached_tokens", int64_t{0}) : 0;
   const json stop_string = choice.value("stop_reason", json(nullptr));
   return {{"id", random_id("msg_")},
           {"type", "message"},
@@ -344,11 +345,7 @@ json anthropic_message(const json& completion) {
           {"content", std::move(content)},
           {"stop_reason", stop_reason(choice["finish_reason"].get<std::string>(), stop_string)},
           {"stop_sequence", stop_string},
-          {"usage",
-           {{"input_tokens", u.value("prompt_tokens", int64_t{0}) - cached},
-            {"output_tokens", u.value("completion_tokens", int64_t{0})},
-            {"cache_read_input_tokens", cached},
-            {"cache_creation_input_tokens", 0}}}};
+          {"usage", anthropic_usage(completion["usage"])}};
 }
 
 json anthropic_error_body(const ApiError& e) {

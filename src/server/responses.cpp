@@ -40,6 +40,11 @@ json usage_json(const Usage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+int64_t cached_tokens(const json& usage) {
+  const auto details = usage.find("prompt_tokens_details");
+  return details == usage.end() ? 0 : details->value("cached_tokens", int64_t{0});
+}
+
 json chat_chunk(const ResponseHeader& h, int index, json delta, const std::string& finish_reason, json logprobs) {
   json choice = {{"index", index},
                  {"delta", std::move(delta)},

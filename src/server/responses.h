@@ -31,6 +31,8 @@ struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 json usage_json(const Usage& usage);
+// The cached prompt tokens of a usage_json object (0 when it has none).
+int64_t cached_tokens(const json& usage);
 
 // A chat.completion.chunk with one choice: `delta` is {role?, content?, reasoning_content?,
 // tool_calls?}; finish_reason and logprobs are null when empty.

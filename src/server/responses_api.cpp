@@ -122,7 +122,7 @@ json convert_tools(const json& tools) {
 }
 
 json usage_object(const json& u) {
-  const int64_t cached = u.contains("prompt_tokens_details") ? u["prompt_tokens_details"].value("cached_tokens", int64_t{0}) : 0;
+  const int64_t cached = cached_tokens(u);
   const int64_t input = u.value("prompt_tokens", int64_t{0}), output = u.value("completion_tokens", int64_t{0});
   return {{"input_tokens", input},
           {"input_tokens_details", {{"cached_tokens", cached}}},
@@ -155,8 +155,7 @@ std::string event(json data, int& sequence) {
 
 class ResponsesStream final : public StreamFormat {
  public:
-  ResponsesStream(ResponsesRequest r, std::function<void(const json&, const json&)> finished)
-      : request_(std::move(r)), finished_(std::move(finished)) {}
+  ResponsesStream(ResponsesRequest r, ResponseStore& store) : request_(std::move(r)), store_(store) {}
 
   std::string open(int64_t) override {
     const json response = response_object(request_, "in_progress", json::array(), nullptr,
@@ -214,7 +213,7 @@ class ResponsesStream final : public StreamFormat {
     const bool truncated = finish_ == "length";
     const json response = response_object(request_, truncated ? "incomplete" : "completed", output_, usage_,
                                           model_.empty() ? request_.chat.value("model", "") : model_, truncated);
-    finished_(response, message_);
+    store_.keep(request_, response, message_);
     out += event({{"type", truncated ? "response.incomplete" : "response.completed"}, {"response", response}}, sequence_);
     return out;
   }
@@ -292,7 +291,7 @@ class ResponsesStream final : public StreamFormat {
   }
 
   ResponsesRequest request_;
-  std::function<void(const json&, const json&)> finished_;
+  ResponseStore& store_;
   int sequence_ = 0;
   json item_ = nullptr;  // the output item being streamed
   std::string text_;     // its text (or arguments) so far
@@ -330,6 +329,13 @@ void ResponseStore::put(const std::string& id, json response, json conversation)
     bytes_ -= entries_[oldest].bytes;
     entries_.erase(oldest);
   }
+}
+
+void ResponseStore::keep(const ResponsesRequest& r, const json& response, const json& message) {
+  if (!r.store) return;
+  json conversation = r.conversation;
+  conversation.push_back(message);
+  put(r.id, response, std::move(conversation));
 }
 
 std::optional<json> ResponseStore::response(const std::string& id) {
@@ -522,9 +528,8 @@ json responses_object(const ResponsesRequest& r, const json& completion) {
                          completion.value("model", ""), truncated);
 }
 
-std::unique_ptr<StreamFormat> responses_stream(const ResponsesRequest& r,
-                                               std::function<void(const json& response, const json& message)> finished) {
-  return std::make_unique<ResponsesStream>(r, std::move(finished));
+std::unique_ptr<StreamFormat> responses_stream(ResponsesRequest r, ResponseStore& store) {
+  return std::make_unique<ResponsesStream>(std::move(r), store);
 }
 
 }  // namespace qinfer::server

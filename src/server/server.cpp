@@ -647,13 +647,6 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
   };
   std::shared_ptr<Session> session;
   std::optional<ResponsesRequest> reframed;  // of /v1/responses
-  // A stored response continues with its conversation and the answer that ended it.
-  auto keep = [this](const ResponsesRequest& r, const json& response, const json& message) {
-    if (!r.store) return;
-    json conversation = r.conversation;
-    conversation.push_back(message);
-    responses.put(r.id, response, std::move(conversation));
-  };
   try {
     if (stopping) throw server_error(503, "the server is shutting down");
     const json body = parse_body(req.body);
@@ -661,10 +654,8 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
       session = chat_session(anthropic_chat_body(body), anthropic_stream(model.name));
     } else if (endpoint == Endpoint::responses) {
       reframed = responses_request(body, responses);
-      const ResponsesRequest r = *reframed;
-      session = chat_session(r.chat, responses_stream(r, [keep, r](const json& response, const json& message) {
-                               keep(r, response, message);
-                             }));
+      // Only a stream needs the request beside the session: a whole answer is reframed below.
+      session = chat_session(reframed->chat, reframed->stream ? responses_stream(*reframed, responses) : nullptr);
     } else {
       session = endpoint == Endpoint::chat ? chat_session(body) : completion_session(body);
     }
@@ -706,7 +697,7 @@ void Server::Impl::generate(const http::Request& req, http::Responder& res, Endp
     } else if (endpoint == Endpoint::responses) {
       const json message = assistant_message(answer);
       answer = responses_object(*reframed, answer);
-      keep(*reframed, answer, message);
+      responses.keep(*reframed, answer, message);
     }
     http::Response r = json_response(answer);
     r.headers = cors;

@@ -214,43 +214,32 @@ TEST(LiveServer, StructuredOutputClientLibraries) {
 }
 
 // Tool calls follow the request's tools in both formats, through openai (runTools) and LangChain.
-TEST(LiveServer, ToolCallsFollowTheirTools) {
-  for (const char* package : {"zod", "@langchain/openai"})
+// Runs tests/server/node/<script> against a Qwen3 server (Hermes tool calls) and a Qwen3.5 one (XML
+// calls), once `packages` are installed.
+void run_node_on_both_call_formats(const std::string& script, std::initializer_list<const char*> packages) {
+  for (const char* package : packages)
     ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / package / "package.json"))
         << "the " << package << " npm package is missing: run scripts/fetch-test-data.sh";
   for (const bool hybrid : {false, true}) {
     SCOPED_TRACE(hybrid ? "Qwen3.5, XML calls" : "Qwen3, Hermes calls");
     LiveServer s(hybrid, hybrid ? "qwen35_features.jinja" : "qwen3.jinja", /*max_context=*/4096);
-    run_node("tool_calls.mjs", s.port());
+    run_node(script, s.port());
     expect_all_free(s);
   }
+}
+
+TEST(LiveServer, ToolCallsFollowTheirTools) {
+  run_node_on_both_call_formats("tool_calls.mjs", {"zod", "@langchain/openai"});
 }
 
 // Anthropic's Messages API through @anthropic-ai/sdk: plain, streamed, tool use (both call formats),
 // stop sequences, countTokens and errors.
-TEST(LiveServer, AnthropicClient) {
-  ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / "@anthropic-ai" / "sdk" / "package.json"))
-      << "the @anthropic-ai/sdk npm package is missing: run scripts/fetch-test-data.sh";
-  for (const bool hybrid : {false, true}) {
-    SCOPED_TRACE(hybrid ? "Qwen3.5, XML calls" : "Qwen3, Hermes calls");
-    LiveServer s(hybrid, hybrid ? "qwen35_features.jinja" : "qwen3.jinja", /*max_context=*/4096);
-    run_node("anthropic_client.mjs", s.port());
-    expect_all_free(s);
-  }
-}
+TEST(LiveServer, AnthropicClient) { run_node_on_both_call_formats("anthropic_client.mjs", {"@anthropic-ai/sdk"}); }
 
 // OpenAI's Responses API through the clients that default to it: openai's responses.*, the AI SDK's
 // default openai('…') model and @openai/agents (an agent run and a tool call), on both call formats.
 TEST(LiveServer, ResponsesClients) {
-  for (const char* package : {"@openai/agents", "@ai-sdk/openai", "ai", "zod"})
-    ASSERT_TRUE(fs::exists(repo_root() / ".deps" / "node" / "node_modules" / package / "package.json"))
-        << "the " << package << " npm package is missing: run scripts/fetch-test-data.sh";
-  for (const bool hybrid : {false, true}) {
-    SCOPED_TRACE(hybrid ? "Qwen3.5, XML calls" : "Qwen3, Hermes calls");
-    LiveServer s(hybrid, hybrid ? "qwen35_features.jinja" : "qwen3.jinja", /*max_context=*/4096);
-    run_node("responses_client.mjs", s.port());
-    expect_all_free(s);
-  }
+  run_node_on_both_call_formats("responses_client.mjs", {"@openai/agents", "@ai-sdk/openai", "ai", "zod"});
 }
 
 // Every schema of the grammar corpus over seeded runs, each output validated by ajv, on the demo
