@@ -29,8 +29,9 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
 
-// log-softmax of one raw logits row at `token`, and the `top` most likely ids (lower id first on ties).
-TokenLogprob logprob_of(const float* row, int64_t vocab, int32_t token, int32_t top) {
+// log-softmax of one raw logits row at `token`, and the `top` most likely ids (lower id first on ties);
+// `rank`: the token's too.
+TokenLogprob logprob_of(const float* row, int64_t vocab, int32_t token, int32_t top, bool rank = false) {
   float max = -std::numeric_limits<float>::infinity();
   for (int64_t v = 0; v < vocab; ++v)
     if (row[v] > max) max = row[v];
@@ -39,6 +40,10 @@ TokenLogprob logprob_of(const float* row, int64_t vocab, int32_t token, int32_t 
     if (!std::isnan(row[v])) sum += std::exp(static_cast<double>(row[v]) - max);
   const double log_total = max + std::log(sum);
   TokenLogprob out{token, static_cast<float>(row[token] - log_total), {}};
+  if (rank) {
+    out.rank = 1;
+    for (int64_t v = 0; v < vocab; ++v) out.rank += row[v] > row[token];
+  }
   if (top > 0) {
     auto key = [&](int32_t v) { return std::isnan(row[v]) ? -std::numeric_limits<float>::infinity() : row[v]; };
     std::vector<int32_t> ids(static_cast<size_t>(vocab));
@@ -175,6 +180,8 @@ struct Engine::Impl {
       std::optional<TextStream> text;
       bool finished = false;  // its finished event went to the sink
       int64_t cached_prompt_tokens = 0, completion_tokens = 0;
+      std::vector<TokenLogprob> prompt_logprobs;  // gathered until its first event carries them
+      bool sent_prompt_logprobs = false;
     };
     uint64_t id = 0;
     RequestParams params;
@@ -195,6 +202,15 @@ struct Engine::Impl {
     std::vector<SampledToken> tokens;
     std::vector<RequestPtr> requests;  // tokens[i]'s request
     Tensor logits;                     // rows by SampledToken::row, when some request wants logprobs
+    // Prompt logprobs: rows of prompt_logits (ModelRunner::Result::prompt_rows) for positions
+    // [first, first + count) of a choice's prompt.
+    struct PromptRows {
+      RequestPtr request;
+      int32_t choice = 0, first = 0, count = 0;
+      int64_t row = 0;
+    };
+    std::vector<PromptRows> prompt_rows;
+    Tensor prompt_logits;
     // Or: a request ended by the engine (cancelled, failed): its unfinished choices finish so.
     RequestPtr ended;
     std::string reason, error;
@@ -280,6 +296,8 @@ void Engine::Impl::validate(const RequestParams& p) const {
                "request: n must be between 1 and {} (the engine's max_running), got {}", options.max_running, p.n);
   QINFER_CHECK(p.top_logprobs >= -1 && p.top_logprobs <= 20,
                "request: top_logprobs must be between 0 and 20 (or -1: none), got {}", p.top_logprobs);
+  QINFER_CHECK(p.prompt_logprobs >= -1 && p.prompt_logprobs <= 20,
+               "request: prompt_logprobs must be between 0 and 20 (or -1: none), got {}", p.prompt_logprobs);
   const SamplingParams& s = p.sampling;
   QINFER_CHECK(std::isfinite(s.temperature) && s.temperature >= 0,
                "request: temperature must be a finite number >= 0, got {}", s.temperature);
@@ -350,7 +368,9 @@ void Engine::Impl::take_inbox() {
     s->limits = &r->limits;
     s->forks = p.n - 1;
     if (p.constraint) s->constraint = std::make_unique<grammar::TokenConstraint>(p.constraint);
-    if (s->forks > 0) s->fork_at = (s->prompt_tokens - 1) / options.block_size * options.block_size;
+    // Choices share the prompt's whole blocks, but not when each must see every position's logits.
+    if (s->forks > 0 && p.prompt_logprobs < 0)
+      s->fork_at = (s->prompt_tokens - 1) / options.block_size * options.block_size;
     r->live = p.n;
     scheduler.add(std::move(s));
     requests.emplace(r->id, std::move(r));
@@ -385,6 +405,18 @@ void Engine::Impl::step() {
   totals.device_seconds_total += result.device_seconds.value_or(0.0);
   const auto post_start = Clock::now();
   Output out;
+  int64_t prompt_row = 0;
+  for (const StepPlan::Chunk& c : plan.chunks) {
+    if (!c.prompt_rows) continue;
+    // Rows of positions a recompute after preemption had already returned are not sent again.
+    const Sequence& s = *c.sequence;
+    const int32_t first = std::max(s.cache.cached, s.prompt_rows_done);
+    const int32_t end = std::min(s.cache.cached + c.tokens, s.prompt_tokens - 1);
+    if (end > first)
+      out.prompt_rows.push_back({requests.at(s.request), s.choice, first, end - first, prompt_row + first - s.cache.cached});
+    prompt_row += c.tokens;
+  }
+  out.prompt_logits = std::move(result.prompt_rows);
   out.tokens = scheduler.postprocess(plan, result.ids);
   out.logits = std::move(result.logits);
   for (const SampledToken& t : out.tokens) {
@@ -396,7 +428,7 @@ void Engine::Impl::step() {
   totals.decode_steps_total += plan.decode_only();
   totals.host_seconds_total += host + since(post_start);
   publish();  // before the sinks see this step's tokens
-  if (!out.tokens.empty()) push_output(std::move(out), /*wait_for_room=*/true);
+  if (!out.tokens.empty() || !out.prompt_rows.empty()) push_output(std::move(out), /*wait_for_room=*/true);
 }
 
 void Engine::Impl::end_request(uint64_t id, const std::string& reason, const std::string& error) {
@@ -488,6 +520,16 @@ void Engine::Impl::process(Output& out) {
     for (int32_t c = 0; c < static_cast<int32_t>(r.choices.size()); ++c) finish_choice(r, c, out.reason, out.error);
     return;
   }
+  // Before the step's tokens: a choice's last prompt rows come in the step that samples its first.
+  for (const Output::PromptRows& p : out.prompt_rows) {
+    Request& r = *p.request;
+    const int64_t text = out.prompt_logits.dim(1);
+    std::vector<TokenLogprob>& into = r.choices[static_cast<size_t>(p.choice)].prompt_logprobs;
+    for (int32_t i = 0; i < p.count; ++i)
+      into.push_back(logprob_of(out.prompt_logits.ptr<float>() + (p.row + i) * text, text,
+                                r.params.prompt[static_cast<size_t>(p.first + i + 1)], r.params.prompt_logprobs,
+                                /*rank=*/true));
+  }
   // Counted before any sink hears of them (a choice has one token in a step).
   int64_t counted = 0;
   for (size_t i = 0; i < out.tokens.size(); ++i)
@@ -543,6 +585,10 @@ void Engine::Impl::process(Output& out) {
 void Engine::Impl::emit(Request& r, Event e) {
   const bool finished = e.kind == Event::Kind::finished;
   if ((r.sink_threw || r.cancelled) && !finished) return;
+  if (Request::Choice& c = r.choices[static_cast<size_t>(e.choice)]; r.params.prompt_logprobs >= 0 && !c.sent_prompt_logprobs) {
+    c.sent_prompt_logprobs = true;
+    e.prompt_logprobs = std::move(c.prompt_logprobs);
+  }
   std::string what;
   try {
     r.sink(e);
@@ -609,7 +655,7 @@ std::optional<uint64_t> Engine::submit(RequestParams params, EventSink sink) {
   request->choices.resize(static_cast<size_t>(params.n));
   request->unfinished = params.n;
   request->limits = {params.max_tokens, options_.max_context, params.stop_ids, params.min_tokens,
-                     params.banned_tokens, params.exclusive_tokens};
+                     params.banned_tokens, params.exclusive_tokens, params.prompt_logprobs};
   request->params = std::move(params);
   request->sink = std::move(sink);
   uint64_t id = 0;

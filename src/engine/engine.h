@@ -82,6 +82,10 @@ struct RequestParams {
   // the only ids sampled (+100). A grammar or min_tokens still decides what remains.
   std::vector<int32_t> banned_tokens, exclusive_tokens;
   int32_t top_logprobs = -1;     // -1: no logprobs; 0..20: the chosen token's logprob and this many alternatives
+  // -1: none; 0..20: each prompt token's logprob given the tokens before it, its rank, and this many
+  // alternatives (Event::prompt_logprobs). Such a prompt is computed whole: it takes nothing from
+  // the prefix cache, and its n choices compute it each.
+  int32_t prompt_logprobs = -1;
   // Constrained decoding (structured outputs): every choice's output follows this grammar, whose
   // masks allow stop_ids once it can end; a choice whose grammar is complete stops there. Null: free.
   std::shared_ptr<grammar::GrammarMasks> constraint;
@@ -91,6 +95,7 @@ struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0;  // log-softmax of the raw logits (before penalties and temperature)
   std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely ids, most likely first
+  int32_t rank = 0;  // prompt logprobs: 1 + the ids more likely than `token`
 };
 
 // What a request's sink receives. Every choice gets zero or more `delta`s, then exactly one `finished`.
@@ -102,6 +107,9 @@ struct Event {
   // included (its text is cut before the match).
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs;  // one per token when requested
+  // With prompt_logprobs, in each choice's first event only: prompt tokens 1 .. L-1 (the first has
+  // nothing before it), in order.
+  std::vector<TokenLogprob> prompt_logprobs;
   // kind == finished:
   std::string finish_reason;           // "stop" | "length" | "cancelled" | "error"
   std::string error;                   // why, when finish_reason == "error"

@@ -141,7 +141,8 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
     views.push_back(s.cache);
     const auto begin = s.tokens.begin() + s.cache.cached;
     batch.sequences.push_back(
-        {std::vector<int32_t>(begin, begin + c.tokens), &views.back(), all_rows, c.state_to, c.save_at, c.save_to});
+        {std::vector<int32_t>(begin, begin + c.tokens), &views.back(), all_rows || c.prompt_rows, c.state_to, c.save_at,
+         c.save_to});
   }
   for (size_t i = 0; views.size() < rows; ++i) {
     views.push_back(padding_.at(i));
@@ -150,8 +151,11 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
   batch.block_table_width = width;
   batch.may_record = width > 0;
   Ops& ops = model_.ops();
-  const Tensor raw = model_.forward(batch, cache_);
+  Tensor raw = model_.forward(batch, cache_);
   if (all_rows) return prompt_rows(plan, to_host(ops, raw));
+  Tensor prompt_logits;
+  if (std::any_of(plan.chunks.begin(), plan.chunks.end(), [](const StepPlan::Chunk& c) { return c.prompt_rows; }))
+    raw = split_prompt_rows(plan, raw, prompt_logits);
   Tensor logits = text_logits(ops, raw, options_.text_vocab);
 
   // Rows that do not sample (prefill chunks, padding) take the cheap greedy pick.
@@ -168,6 +172,7 @@ ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, b
     steps[r] = static_cast<uint64_t>(c.sequence->generated());
   }
   Result result;
+  result.prompt_rows = std::move(prompt_logits);
   if (sampling.empty()) return result;
   // Masks are computed on the host while the device may still run the forward; logprobs wait for it.
   const GrammarRows grammars = grammar_rows(plan, sampling, logits.dim(1));
@@ -241,6 +246,27 @@ ModelRunner::GrammarRows ModelRunner::grammar_rows(const StepPlan& plan, const s
   Tensor row_ids = host_tensor(DType::i32, {R});
   std::copy(rows.begin(), rows.end(), row_ids.ptr<int32_t>());
   return {std::move(row_ids), std::move(allowed)};
+}
+
+Tensor ModelRunner::split_prompt_rows(const StepPlan& plan, const Tensor& raw, Tensor& out) const {
+  // Rarely taken (evaluation): the rows go through the host, which computes their logprobs anyway.
+  Ops& ops = model_.ops();
+  const Tensor host = to_host(ops, raw);
+  const int64_t vocab = host.dim(1), text = std::min(vocab, options_.text_vocab);
+  int64_t prompt_rows = 0;
+  for (const StepPlan::Chunk& c : plan.chunks) prompt_rows += c.prompt_rows ? c.tokens : 0;
+  out = host_tensor(DType::f32, {prompt_rows, text});
+  Tensor last = host_tensor(DType::f32, {static_cast<int64_t>(plan.chunks.size()), vocab});
+  int64_t row = 0, kept = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const StepPlan::Chunk& c = plan.chunks[i];
+    const int64_t rows = c.prompt_rows ? c.tokens : 1;
+    for (int64_t r = 0; c.prompt_rows && r < rows; ++r)
+      std::copy_n(host.ptr<float>() + (row + r) * vocab, text, out.ptr<float>() + (kept++) * text);
+    std::copy_n(host.ptr<float>() + (row + rows - 1) * vocab, vocab, last.ptr<float>() + static_cast<int64_t>(i) * vocab);
+    row += rows;
+  }
+  return to_backend(ops, last);
 }
 
 ModelRunner::Result ModelRunner::prompt_rows(const StepPlan& plan, Tensor rows) const {

@@ -59,6 +59,9 @@ class ModelRunner {
     // With all_rows: host f32 [plan tokens, vocab], the logits of every position of every chunk in
     // plan order (raw: every column of the model's vocabulary).
     Tensor rows;
+    // The prompt_rows chunks' logits: host f32 [their tokens, text vocab], every position of each in
+    // plan order (raw: before any mask).
+    Tensor prompt_rows;
   };
   // Applies the plan's slot work, runs its forward, saves the checkpoints it asks for and samples
   // each sampling chunk's row (its seeded draw at step = tokens generated so far). `all_rows`: the
@@ -76,6 +79,9 @@ class ModelRunner {
   static GrammarRows grammar_rows(const StepPlan& plan, const std::vector<size_t>& sampling, int64_t V);
   // The all_rows result: `rows` as they came, each sampling chunk's greedy pick from its last row.
   Result prompt_rows(const StepPlan& plan, Tensor rows) const;
+  // A forward's logits with prompt_rows chunks: those chunks' rows into `out`, and the logits with
+  // one row per chunk (its last) that sampling takes, on the device.
+  Tensor split_prompt_rows(const StepPlan& plan, const Tensor& raw, Tensor& out) const;
 
   models::Runner& model_;
   RunnerOptions options_;

@@ -27,6 +27,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks) : conf
   QINFER_CHECK(config.checkpoint_interval >= 0 && config.checkpoint_interval % blocks.block_size() == 0,
                "scheduler: checkpoint_interval ({}) must be a multiple of the block size ({})",
                config.checkpoint_interval, blocks.block_size());
+  QINFER_CHECK(config.prompt_rows_budget > 0, "scheduler: prompt_rows_budget must be positive, got {}",
+               config.prompt_rows_budget);
   QINFER_CHECK(config.step_token_budget >= config.max_running,
                "scheduler: step_token_budget ({}) must be at least max_running ({}) so that every running "
                "sequence can decode in each step",
@@ -102,7 +104,7 @@ void Scheduler::admit() {
 }
 
 void Scheduler::reuse_prefix(Sequence& s) {
-  if (!blocks_.prefix_caching()) return;
+  if (!blocks_.prefix_caching() || s.wants_prompt_rows()) return;
   // Whole cached blocks, leaving at least the last token to compute (its logits are the next pick).
   const int64_t most = (static_cast<int64_t>(s.tokens.size()) - 1) / blocks_.block_size();
   BlockManager::Match m = blocks_.match(s.tokens, most);
@@ -162,7 +164,7 @@ StepPlan Scheduler::schedule() {
   admit();
   StepPlan plan;
   while (true) {
-    int64_t budget = config_.step_token_budget;
+    int64_t budget = config_.step_token_budget, rows_budget = config_.prompt_rows_budget;
     // Decodes first, oldest first: each needs one token and, at a block boundary, one block.
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
       Sequence& s = *running_[i];
@@ -177,6 +179,8 @@ StepPlan Scheduler::schedule() {
       if (s.status != Sequence::Status::running || s.uncached() <= 1) continue;
       int64_t chunk = std::min<int64_t>(s.uncached(), budget);
       if (s.forks > 0) chunk = std::min<int64_t>(chunk, s.fork_at - s.cache.cached);  // branch at fork_at
+      const bool rows = s.wants_prompt_rows();
+      if (rows) chunk = std::min(chunk, rows_budget);
       // A chunk keeps the checkpoint at its start (the state it leaves behind) and one inside it or at
       // its end: one that would pass two ends at the second, which the next chunk starts from.
       if (checkpoints())
@@ -188,9 +192,10 @@ StepPlan Scheduler::schedule() {
       chunk = std::min(chunk, room);
       if (chunk <= 0 || !blocks_.can_hold(s.cache, s.cache.cached + chunk)) continue;
       hold(s, s.cache.cached + chunk);
-      plan.chunks.push_back({&s, static_cast<int32_t>(chunk), chunk == s.uncached()});
+      plan.chunks.push_back({&s, static_cast<int32_t>(chunk), chunk == s.uncached(), rows});
       if (checkpoints()) plan_checkpoint(s, s.cache.cached + chunk, plan.chunks.back());
       budget -= chunk;
+      if (rows) rows_budget -= chunk;
     }
     if (!plan.chunks.empty()) break;
     // Nothing could move (prefills holding the blocks each other need): free the youngest and retry.
@@ -241,6 +246,7 @@ void Scheduler::fork(Sequence& parent) {
     s->sampling.seed += static_cast<uint64_t>(c);
     s->limits = parent.limits;
     s->status = Sequence::Status::running;
+    s->prompt_rows_done = parent.prompt_rows_done;
     // Forks happen before the parent generates: each choice starts the grammar afresh.
     if (parent.constraint) s->constraint = std::make_unique<grammar::TokenConstraint>(parent.constraint->masks());
     if (parent.fork_at > 0) {
@@ -264,6 +270,7 @@ std::vector<SampledToken> Scheduler::postprocess(const StepPlan& plan, const std
     const int32_t before = s.cache.cached;
     s.cache.cached += chunk.tokens;
     blocks_.publish(s.cache, s.tokens, before);  // the blocks this chunk filled
+    if (chunk.prompt_rows) s.prompt_rows_done = std::max(s.prompt_rows_done, std::min(s.cache.cached, s.prompt_tokens - 1));
     if (chunk.state_to >= 0 && chunk.keep_start) {
       const int32_t left = std::exchange(s.cache.slot, chunk.state_to);
       s.kept_blocks = before / blocks_.block_size();

@@ -18,6 +18,9 @@
 // - With a prefix cache (BlockManager), an admitted sequence (a preempted one too) starts from the
 //   longest cached path of whole blocks its tokens spell, short of its last token; every block a
 //   step fills is published to the cache.
+// - A request for prompt logprobs needs the logits of every prompt position: its prefill reuses no
+//   cached prefix, returns each chunk's rows (at most prompt_rows_budget positions a step), and its
+//   choices do not share the prompt (each computes, and is given, its own).
 // - A model with recurrent state starts there only from a checkpoint of the state (its slot is a
 //   copy of it) and keeps checkpoints as it goes (at a chunk's start, the state it leaves behind, and
 //   one inside it or at its end): where the cached path it followed went on past the checkpoint it
@@ -44,6 +47,9 @@ struct SchedulerConfig {
   int32_t max_running = 64;          // sequences in the running set (decoding or prefilling)
   int32_t step_token_budget = 2048;  // tokens one forward may carry; at least max_running
   int32_t checkpoint_interval = 0;   // tokens between a prefill's state checkpoints (0: none between)
+  // Prompt positions whose whole logits rows (prompt logprobs) one step may return: at 151,936
+  // columns, 512 rows are 311 MB of f32 on the device and again on the host.
+  int32_t prompt_rows_budget = 512;
 };
 
 // One forward: each chunk reads tokens [cache.cached, cache.cached + tokens) of its sequence.
@@ -52,6 +58,7 @@ struct StepPlan {
     Sequence* sequence = nullptr;
     int32_t tokens = 0;
     bool samples = false;  // the chunk ends the sequence's uncached tokens: a token is sampled from it
+    bool prompt_rows = false;  // the logits of each of its positions come back (prompt logprobs)
     // The forward writes the sequence's state here instead of its slot, leaving the state it started
     // from there (-1: in place): attached as a checkpoint (`keep_start`), or the sequence's slot and
     // rolling slot swap.

@@ -18,6 +18,7 @@ struct SequenceLimits {
   std::vector<int32_t> stop_ids;   // ids that end the choice (not part of the output)
   int32_t min_tokens = 0;          // stop_ids are masked out before this many completion tokens
   std::vector<int32_t> banned_tokens, exclusive_tokens;  // RequestParams' (logit_bias)
+  int32_t prompt_logprobs = -1;    // RequestParams': ≥ 0 asks for the logits of every prompt position
 };
 
 struct Sequence {
@@ -34,6 +35,10 @@ struct Sequence {
   // whole blocks before the last prompt token), sharing those blocks and a copy of the recurrent state.
   int32_t forks = 0, fork_at = 0;
   int32_t cached_prompt_tokens = 0;  // prompt tokens this choice did not compute itself
+  // Prompt logprobs: the prompt positions whose logits rows a step has returned (position p's row
+  // scores prompt token p + 1, so positions 0 .. prompt_tokens - 2 are wanted). A recompute after
+  // preemption does not return them again.
+  int32_t prompt_rows_done = 0;
   // Checkpoints of the recurrent state (a model with state, with a prefix cache): the whole blocks
   // after which its prefill saves one for good (where the cached path it followed goes on without
   // a checkpoint: the junction; its last whole block before its last token), and the deepest whole
@@ -53,6 +58,8 @@ struct Sequence {
   // Tokens the model has yet to read: 1 while decoding, more while prefilling.
   int32_t uncached() const { return static_cast<int32_t>(tokens.size()) - cache.cached; }
   bool finished() const { return status == Status::finished; }
+  // Its prefill must return every position's logits: it takes nothing from the prefix cache.
+  bool wants_prompt_rows() const { return limits->prompt_logprobs >= 0 && prompt_rows_done < prompt_tokens - 1; }
 };
 
 }  // namespace qinfer::engine

@@ -116,7 +116,6 @@ void refuse_unsupported(const json& body) {
   static const std::vector<Default> kUnimplemented = {
       {"use_beam_search", false, "beam search is not implemented"},
       {"length_penalty", 1.0, "length_penalty applies to beam search, which is not implemented"},
-      {"prompt_logprobs", nullptr, "prompt logprobs are not implemented"},
       {"allowed_token_ids", nullptr, "allowed_token_ids is not implemented; a guided_choice or grammar constrains output"},
       {"bad_words", nullptr, "bad_words is not implemented"},
       {"logits_processors", nullptr, "logits processors are not supported"},
@@ -271,7 +270,9 @@ void parse_common(const json& body, const SamplingParams& defaults, const Reques
   if (const json* v = get(body, "n")) r.n = static_cast<int32_t>(integer(*v, "n", 1, limits.max_n));
   // max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's API.
   for (const char* key : {"max_tokens", "max_completion_tokens"})
-    if (const json* v = get(body, key)) r.max_tokens = integer(*v, key, 1, kInt32Max);
+    if (const json* v = get(body, key)) r.max_tokens = integer(*v, key, 0, kInt32Max);  // 0: echo only
+  if (const json* v = get(body, "prompt_logprobs"))
+    r.prompt_logprobs = static_cast<int32_t>(integer(*v, "prompt_logprobs", 0, limits.max_top_logprobs));
   if (const json* v = get(body, "stop")) {
     if (v->is_string()) {
       r.stop.push_back(v->get<std::string>());
@@ -522,6 +523,12 @@ ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults,
     if (r.top_logprobs < 0) bad_request("top_logprobs", "top_logprobs: needs logprobs set to true");
     r.top_logprobs = static_cast<int32_t>(k);
   }
+  if (r.max_tokens == 0)
+    bad_request(get(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
+                "max_tokens: must be at least 1");
+  if (const json* v = get(body, "echo"); v && boolean(*v, "echo"))
+    bad_request("echo", "echo: not supported on chat completions (continue_final_message with the last assistant "
+                "message continues it; its text is not repeated)");
   parse_tools(body, r);
   json& t = r.template_request;
   t = json::object();
@@ -573,8 +580,8 @@ CompletionRequest parse_completion_request(const json& body, const SamplingParam
   parse_common(body, defaults, limits, r);
   if (const json* v = get(body, "logprobs"))
     r.top_logprobs = static_cast<int32_t>(integer(*v, "logprobs", 0, limits.max_top_logprobs));
-  if (const json* v = get(body, "echo"); v && boolean(*v, "echo"))
-    bad_request("echo", "echo is not supported by this server");
+  if (const json* v = get(body, "echo")) r.echo = boolean(*v, "echo");
+  if (r.max_tokens == 0 && !r.echo) bad_request("max_tokens", "max_tokens: must be at least 1 (0 only with echo)");
   if (const json* v = get(body, "suffix"); v && !string(*v, "suffix").empty())
     bad_request("suffix", "suffix is not supported by this server");
   if (const json* v = get(body, "best_of"); v && integer(*v, "best_of", 1, limits.max_n) != r.n)

@@ -43,6 +43,9 @@ struct GenerationRequest {
   // writes them; on for completions).
   std::optional<bool> add_special_tokens;
   int32_t top_logprobs = -1;  // -1: no logprobs
+  // vLLM's: each prompt token's logprob, rank and this many alternatives (-1: none); computes the
+  // prompt whole, past the prefix cache.
+  int32_t prompt_logprobs = -1;
   bool ignore_eos = false;    // vLLM's extension: generate max_tokens whatever the model's end token
   // vLLM's extension: the response carries the prompt's token ids and each choice's generated ids
   // (a final stop id left out), streamed chunk by chunk as well.
@@ -74,6 +77,9 @@ struct CompletionRequest : GenerationRequest {
     bool is_ids = false;
   };
   std::vector<Prompt> prompts;
+  // The prompt's text before each choice's, and with logprobs its tokens' before the generated ones
+  // (what lm-eval's loglikelihood reads). max_tokens 0 is allowed then: the prompt alone comes back.
+  bool echo = false;
 };
 
 // The member `key` of an object, or null when it is absent or JSON null.

@@ -1,5 +1,6 @@
 #include "server/responses.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <random>
@@ -139,6 +140,38 @@ void append_completion_logprobs(json& out, const tokenizer::Tokenizer& tokenizer
     out["text_offset"].push_back(offset);
     offset += static_cast<int64_t>(text.size());
   }
+}
+
+void append_prompt_completion_logprobs(json& out, const tokenizer::Tokenizer& tokenizer, int32_t first_token,
+                                       const std::vector<engine::TokenLogprob>& prompt_logprobs, int32_t top,
+                                       int64_t& offset) {
+  const std::string first = tokenizer::to_valid_utf8(tokenizer.token_bytes(first_token));
+  out["tokens"].push_back(first);
+  out["token_logprobs"].push_back(nullptr);
+  out["top_logprobs"].push_back(nullptr);
+  out["text_offset"].push_back(offset);
+  offset += static_cast<int64_t>(first.size());
+  std::vector<engine::TokenLogprob> trimmed = prompt_logprobs;
+  for (engine::TokenLogprob& lp : trimmed) lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(std::max(top, 0))));
+  append_completion_logprobs(out, tokenizer, trimmed, offset);
+}
+
+json vllm_prompt_logprobs(const tokenizer::Tokenizer& tokenizer, const std::vector<engine::TokenLogprob>& prompt_logprobs,
+                          int32_t top) {
+  json out = json::array({nullptr});
+  for (const engine::TokenLogprob& lp : prompt_logprobs) {
+    json entry = json::object();
+    auto put = [&](int32_t id, float logprob, int32_t rank) {
+      entry[std::to_string(id)] = {{"logprob", finite_logprob(logprob)},
+                                   {"rank", rank},
+                                   {"decoded_token", tokenizer::to_valid_utf8(tokenizer.token_bytes(id))}};
+    };
+    put(lp.token, lp.logprob, lp.rank);
+    for (size_t k = 0; k < lp.top.size() && k < static_cast<size_t>(std::max(top, 0)); ++k)
+      if (lp.top[k].first != lp.token) put(lp.top[k].first, lp.top[k].second, static_cast<int32_t>(k + 1));
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 }  // namespace qinfer::server

@@ -53,5 +53,15 @@ json chat_logprob_entries(const tokenizer::Tokenizer& tokenizer, const std::vect
 void append_completion_logprobs(json& out, const tokenizer::Tokenizer& tokenizer,
                                 const std::vector<engine::TokenLogprob>& logprobs, int64_t& offset);
 json empty_completion_logprobs();
+// An echoed prompt's columns, appended to `out` before the generated tokens': its first token has no
+// logprob (null, as its top_logprobs), the others engine::Event::prompt_logprobs with `top` of their
+// alternatives each.
+void append_prompt_completion_logprobs(json& out, const tokenizer::Tokenizer& tokenizer, int32_t first_token,
+                                       const std::vector<engine::TokenLogprob>& prompt_logprobs, int32_t top,
+                                       int64_t& offset);
+// vLLM's prompt_logprobs: null for the first prompt token, then per token an object of
+// "<id>": {logprob, rank, decoded_token} for the token itself and its alternatives.
+json vllm_prompt_logprobs(const tokenizer::Tokenizer& tokenizer, const std::vector<engine::TokenLogprob>& prompt_logprobs,
+                          int32_t top);
 
 }  // namespace qinfer::server

@@ -93,6 +93,8 @@ struct ChoiceState {
   int64_t text_offset = 0;
   json token_ids = json::array();     // with return_token_ids
   bool sent_prompt_ids = false;       // streamed: a completion choice's first chunk carried them
+  bool started = false;               // its first event came (with the prompt's logprobs, when asked)
+  json prompt_logprobs;               // vLLM's prompt_logprobs, when asked
 };
 
 }  // namespace
@@ -168,6 +170,8 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
         include_usage_(r.include_usage),
         n_(r.n),
         logprobs_(r.top_logprobs >= 0),
+        top_logprobs_(r.top_logprobs),
+        prompt_logprobs_(r.prompt_logprobs),
         token_ids_(r.return_token_ids),
         arrival_(Clock::now()),
         choices_(prompts * r.n),
@@ -181,12 +185,19 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     for (ChoiceState& c : choices_) c.parser = std::make_unique<ChatOutputParser>(options);
   }
   void use_format(std::unique_ptr<StreamFormat> format) { format_ = std::move(format); }
+  // Completions' echo: each choice starts with its prompt's text (and, with logprobs, its tokens');
+  // `prompt_only` (max_tokens 0): nothing generated is returned.
+  void use_echo(std::vector<std::string> prompt_texts, bool prompt_only) {
+    prompt_texts_ = std::move(prompt_texts);
+    echo_only_ = prompt_only;
+  }
 
   // Queues every prompt's request; on refusal, what was queued is cancelled and ApiError thrown.
   void submit(std::vector<engine::RequestParams> params) {
     for (size_t i = 0; i < params.size(); ++i) {
       prompt_tokens_ += static_cast<int64_t>(params[i].prompt.size());
       if (token_ids_) prompt_ids_.push_back(params[i].prompt);
+      first_tokens_.push_back(params[i].prompt.at(0));
       const int offset = static_cast<int>(i) * n_;
       auto self = shared_from_this();
       std::optional<uint64_t> id;
@@ -306,6 +317,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
                            {"finish_reason", c.finish_reason},
                            {"stop_reason", c.stop_string.empty() ? json(nullptr) : json(c.stop_string)}});
         if (token_ids_) choices.back()["prompt_token_ids"] = prompt_ids_.at(i / static_cast<size_t>(n_));
+        if (prompt_logprobs_ >= 0) choices.back()["prompt_logprobs"] = c.prompt_logprobs;
       }
       if (token_ids_) choices.back()["token_ids"] = c.token_ids;
     }
@@ -317,6 +329,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
                 {"choices", std::move(choices)},
                 {"usage", usage_json(usage)}};
     if (token_ids_ && endpoint_ == Endpoint::chat) out["prompt_token_ids"] = prompt_ids_.at(0);
+    if (prompt_logprobs_ >= 0 && endpoint_ == Endpoint::chat) out["prompt_logprobs"] = choices_.at(0).prompt_logprobs;
     return out;
   }
 
@@ -333,7 +346,9 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     if (e.choice < 0 || e.choice >= static_cast<int>(choices_.size())) return;
     ChoiceState& c = choices_[e.choice];
     if (c.finished) return;
+    if (!c.started && e.finish_reason != "error" && e.finish_reason != "cancelled") start(c, e.choice, e.prompt_logprobs, sse);
     if (e.kind == engine::Event::Kind::delta) {
+      if (echo_only_) return;
       observe_tokens(c, e.tokens.size(), at);
       emit(c, e.choice, e.text, e.logprobs, e.tokens, "", sse);
       return;
@@ -342,12 +357,17 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
     // A client still listening sees "cancelled" only when the server stops.
     if (e.finish_reason == "cancelled") return fail(server_error(503, "the server is shutting down"), sse);
     c.finished = true;
-    c.stop_string = e.stop_string;
     --open_choices_;
-    completion_tokens_ += e.completion_tokens;
     const size_t prompt = static_cast<size_t>(e.choice / n_);
     cached_[prompt] = std::max(cached_[prompt], e.cached_prompt_tokens);
-    emit(c, e.choice, e.text, e.logprobs, e.tokens, e.finish_reason, sse);
+    if (echo_only_) {
+      // The one token the engine sampled is not part of the answer.
+      emit(c, e.choice, "", {}, {}, "length", sse);
+    } else {
+      c.stop_string = e.stop_string;
+      completion_tokens_ += e.completion_tokens;
+      emit(c, e.choice, e.text, e.logprobs, e.tokens, e.finish_reason, sse);
+    }
     server_.metrics.count_finish(c.finish_reason);
     if (open_choices_ > 0) return;
     done_ = true;
@@ -357,6 +377,35 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
       *sse += framed(
           usage_chunk(header_, endpoint_ == Endpoint::chat ? "chat.completion.chunk" : "text_completion", usage()));
     *sse += format_ ? format_->close() : std::string(kSseDone);
+  }
+
+  // A choice's first event: vLLM's prompt_logprobs, and with echo the prompt's text and logprobs,
+  // come before anything generated (a chunk of their own when streaming).
+  void start(ChoiceState& c, int index, const std::vector<engine::TokenLogprob>& prompt_logprobs, std::string* sse) {
+    c.started = true;
+    const tokenizer::Tokenizer& tok = *server_.model.tokenizer;
+    const size_t prompt = static_cast<size_t>(index / n_);
+    if (prompt_logprobs_ >= 0) c.prompt_logprobs = vllm_prompt_logprobs(tok, prompt_logprobs, prompt_logprobs_);
+    const bool echo = !prompt_texts_.empty();
+    if (!echo && !(sse && prompt_logprobs_ >= 0)) return;
+    json lp = nullptr;
+    if (echo && logprobs_) {
+      lp = empty_completion_logprobs();
+      append_prompt_completion_logprobs(lp, tok, first_tokens_.at(prompt), prompt_logprobs, top_logprobs_,
+                                        c.text_offset);
+      c.text_offset = static_cast<int64_t>(prompt_texts_.at(prompt).size());  // the generated text's offsets follow it
+    }
+    const std::string text = echo ? prompt_texts_.at(prompt) : "";
+    if (!sse) {
+      c.text = text;
+      c.logprobs = std::move(lp);
+      return;
+    }
+    json chunk = endpoint_ == Endpoint::chat ? chat_chunk(header_, index, json::object(), "")
+                                             : completion_chunk(header_, index, text, "", std::move(lp));
+    if (prompt_logprobs_ >= 0)
+      (endpoint_ == Endpoint::chat ? chunk : chunk["choices"][0])["prompt_logprobs"] = c.prompt_logprobs;
+    *sse += framed(chunk);
   }
 
   void observe_tokens(ChoiceState& c, size_t tokens, Clock::time_point now) {
@@ -476,12 +525,16 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   const bool stream_, include_usage_;
   const int n_;
   const bool logprobs_;
+  const int32_t top_logprobs_, prompt_logprobs_;
   const bool token_ids_;
   const Clock::time_point arrival_;
   ResponseHeader header_;
   std::vector<ChoiceState> choices_;
   std::vector<int64_t> cached_;  // cached prompt tokens per prompt
   std::vector<std::vector<int32_t>> prompt_ids_;  // per prompt, with return_token_ids
+  std::vector<int32_t> first_tokens_;             // per prompt
+  std::vector<std::string> prompt_texts_;         // per prompt, with echo
+  bool echo_only_ = false;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   int open_choices_ = 0;
   bool first_token_ = false;
@@ -548,6 +601,7 @@ engine::RequestParams Server::Impl::params_for(const GenerationRequest& r, std::
   if (r.min_tokens > params.max_tokens)
     bad_request("min_tokens", "min_tokens: {} is more than max_tokens ({})", r.min_tokens, params.max_tokens);
   params.top_logprobs = r.top_logprobs;
+  params.prompt_logprobs = r.prompt_logprobs;
   if (r.constraint.kind != grammar::ConstraintSpec::Kind::none)
     params.constraint = constraint_for(r, reasoning, params.stop_ids);
   return params;
@@ -630,8 +684,20 @@ std::shared_ptr<Server::Impl::Session> Server::Impl::completion_session(const js
       ids = model.tokenizer->encode(r.prompts[i].text, r.add_special_tokens.value_or(true));
     }
     params.push_back(params_for(r, std::move(ids), field));
+    if (r.echo) {
+      // The prompt's logprobs come with an echo that asks for logprobs; max_tokens 0 still samples
+      // one token (the engine always does), which the answer leaves out.
+      if (r.top_logprobs >= 0) params.back().prompt_logprobs = std::max(params.back().prompt_logprobs, r.top_logprobs);
+      if (params.back().max_tokens == 0) params.back().max_tokens = 1;
+    }
   }
   auto session = std::make_shared<Session>(*this, Endpoint::completion, r, r.prompts.size());
+  if (r.echo) {
+    std::vector<std::string> texts;
+    for (size_t i = 0; i < r.prompts.size(); ++i)
+      texts.push_back(r.prompts[i].is_ids ? model.tokenizer->decode(params[i].prompt) : r.prompts[i].text);
+    session->use_echo(std::move(texts), r.max_tokens == 0);
+  }
   session->submit(std::move(params));
   return session;
 }

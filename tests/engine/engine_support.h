@@ -85,6 +85,8 @@ struct Outcome {
   std::vector<std::vector<int32_t>> tokens;  // per choice, all deltas joined
   std::vector<std::string> text;
   std::vector<std::vector<TokenLogprob>> logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_logprobs;  // per choice
+  std::vector<int> prompt_logprob_events;                   // per choice: events that carried them
   std::vector<Event> finished;         // per choice
   std::vector<int> finished_events;    // per choice: must end up 1
   int deltas = 0;
@@ -103,6 +105,8 @@ class Recorder {
       o.tokens.resize(n);
       o.text.resize(n);
       o.logprobs.resize(n);
+      o.prompt_logprobs.resize(n);
+      o.prompt_logprob_events.resize(n);
       o.finished.resize(n);
       o.finished_events.resize(n);
       expected_ += n;
@@ -118,6 +122,10 @@ class Recorder {
     Outcome& o = outcomes_.at(i);
     const size_t c = static_cast<size_t>(e.choice);
     if (o.finished_events.at(c) > 0) ++o.events_after_finish;
+    if (!e.prompt_logprobs.empty()) {
+      o.prompt_logprobs[c] = e.prompt_logprobs;
+      ++o.prompt_logprob_events[c];
+    }
     if (e.kind == Event::Kind::delta) {
       ++o.deltas;
       o.tokens[c].insert(o.tokens[c].end(), e.tokens.begin(), e.tokens.end());

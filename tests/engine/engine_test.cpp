@@ -482,6 +482,54 @@ TEST(Engine, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
   }
 }
 
+// Prompt logprobs are the log-softmax of the prompt's own logits (prompt_logits), rank included, for
+// every prompt token after the first, in each choice's first event: with prefill chunks that cross
+// blocks, a cached copy of the prompt (which they do not reuse), n = 2 and a request beside them that
+// samples as it would alone. On qwen3 (attention) and qwen3_5 (recurrent state, checkpoints).
+TEST_P(EngineFixture, PromptLogprobsAreTheLogSoftmaxOfThePromptLogits) {
+  models::Model& m = model();
+  const std::vector<int32_t> prompt = make_prompt(45, 9);
+  Tensor logits = models::prompt_logits(m, prompt, {});
+  const int64_t V = logits.dim(1);
+  RequestParams first = greedy(prompt, 2), p = greedy(prompt, 3), beside = sampled(make_prompt(30, 3), 6, 11);
+  p.prompt_logprobs = 3;
+  p.n = 2;
+  Recorder rec(3);
+  {
+    Engine s(m, test_tokenizer(), {.block_size = 4, .max_running = 4, .step_token_budget = 16, .max_context = 128});
+    ASSERT_TRUE(s.submit(first, rec.sink(0)));
+    ASSERT_TRUE(rec.wait());
+    ASSERT_TRUE(s.submit(p, rec.sink(1, 2)));
+    ASSERT_TRUE(s.submit(beside, rec.sink(2)));
+    ASSERT_TRUE(rec.wait());
+    expect_all_free(s);
+  }
+  EXPECT_TRUE(rec[0].prompt_logprobs[0].empty());
+  EXPECT_TRUE(rec[2].prompt_logprobs[0].empty());
+  EXPECT_EQ(rec[2].tokens[0], run_alone(m, beside).tokens);
+  for (int32_t c = 0; c < 2; ++c) {
+    SCOPED_TRACE("choice " + std::to_string(c));
+    EXPECT_EQ(rec[1].prompt_logprob_events[c], 1);
+    EXPECT_EQ(rec[1].finished[c].cached_prompt_tokens, 0) << "a prompt for its logprobs is computed whole";
+    const auto& lps = rec[1].prompt_logprobs[c];
+    ASSERT_EQ(lps.size(), prompt.size() - 1);
+    for (size_t k = 0; k + 1 < prompt.size(); ++k) {
+      const float* row = logits.ptr<float>() + static_cast<int64_t>(k) * V;
+      double total = 0;
+      int32_t rank = 1;
+      for (int64_t v = 0; v < V; ++v) {
+        total += std::exp(static_cast<double>(row[v]));
+        rank += row[v] > row[prompt[k + 1]];
+      }
+      EXPECT_EQ(lps[k].token, prompt[k + 1]);
+      EXPECT_NEAR(lps[k].logprob, row[prompt[k + 1]] - std::log(total), 1e-3) << "position " << k;
+      EXPECT_EQ(lps[k].rank, rank) << "position " << k;
+      ASSERT_EQ(lps[k].top.size(), 3u);
+      EXPECT_EQ(lps[k].top[0].first, std::max_element(row, row + V) - row) << "position " << k;
+    }
+  }
+}
+
 // stop_ids end a choice without emitting the id; stop strings end it with the text before the match
 // (as engine::generate does); max_tokens and the context limit end it with "length".
 TEST(Engine, StopIdsStopStringsAndLength) {

@@ -333,6 +333,70 @@ TEST(Scheduler, ForksShareThePromptsWholeBlocks) {
   EXPECT_EQ(h.blocks.used_slots(), 0);
 }
 
+// A request for prompt logprobs reuses no cached prefix (every position's logits are wanted), its
+// chunks return their rows and stay within prompt_rows_budget, while other prefills take the rest
+// of the step; a recompute after preemption returns no row twice.
+TEST(Scheduler, PromptRowsChunksReuseNothingAndStayWithinTheirBudget) {
+  BlockManager cached(64, 4, 0, /*prefix_caching=*/true);
+  Scheduler scheduler({.max_running = 4, .step_token_budget = 32, .prompt_rows_budget = 8}, cached);
+  std::vector<int32_t> prompt(21);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i);
+  SequenceLimits plain{2, 1 << 20, {}}, rows = plain;
+  rows.prompt_logprobs = 0;
+  auto sequence = [&](uint64_t id, const SequenceLimits& limits) {
+    auto s = std::make_unique<Sequence>();
+    s->request = id;
+    s->tokens = prompt;
+    s->prompt_tokens = static_cast<int32_t>(prompt.size());
+    s->limits = &limits;
+    return s;
+  };
+  auto run = [&](const StepPlan& plan) {
+    (void)scheduler.postprocess(plan, std::vector<int32_t>(static_cast<size_t>(plan.sampled_rows()), 7));
+  };
+  // A first request fills the cache with the prompt's whole blocks.
+  scheduler.add(sequence(1, plain));
+  while (!scheduler.idle()) run(scheduler.schedule());
+  ASSERT_GT(cached.cached_blocks(), 0);
+
+  scheduler.add(sequence(2, rows));
+  scheduler.add(sequence(3, plain));
+  StepPlan plan = scheduler.schedule();
+  // The other request reuses the cached prefix and decodes its last prompt token first.
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].sequence->request, 3u);
+  EXPECT_EQ(plan.chunks[0].sequence->cache.cached, 20);
+  EXPECT_FALSE(plan.chunks[0].prompt_rows);
+  EXPECT_EQ(plan.chunks[1].sequence->request, 2u);
+  EXPECT_EQ(plan.chunks[1].sequence->cache.cached, 0) << "nothing reused";
+  EXPECT_EQ(plan.chunks[1].tokens, 8) << "the rows budget";
+  EXPECT_TRUE(plan.chunks[1].prompt_rows);
+  run(plan);
+  int32_t row_tokens = 8;
+  while (!scheduler.idle()) {
+    plan = scheduler.schedule();
+    for (const StepPlan::Chunk& c : plan.chunks) {
+      EXPECT_LE(c.tokens, 8);
+      if (c.prompt_rows) row_tokens += c.tokens;
+      if (c.sequence->request == 2 && c.tokens == 1 && c.samples) {
+        EXPECT_FALSE(c.prompt_rows) << "a decode";
+      }
+    }
+    run(plan);
+  }
+  EXPECT_EQ(row_tokens, 21) << "every prompt position once";
+
+  // Preempted after its prompt: the recompute may reuse the cache, and returns no rows.
+  Sequence done;
+  done.limits = &rows;
+  done.prompt_tokens = 21;
+  done.prompt_rows_done = 20;
+  EXPECT_FALSE(done.wants_prompt_rows());
+  done.prompt_rows_done = 19;
+  EXPECT_TRUE(done.wants_prompt_rows());
+  EXPECT_THROW(Scheduler({.max_running = 1, .step_token_budget = 8, .prompt_rows_budget = 0}, cached), Error);
+}
+
 // A stop id ends a choice without joining its tokens; max_tokens ends it with "length".
 TEST(Scheduler, StopIdsAndLength) {
   Harness h(32, 4, 0, {.max_running = 2, .step_token_budget = 16});

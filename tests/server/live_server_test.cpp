@@ -450,6 +450,113 @@ TEST(LiveServer, StreamedTokenIds) {
   EXPECT_THAT(bad.body, HasSubstr("return_token_ids"));
 }
 
+// lm-eval's loglikelihood request (echo, logprobs 1, token ids, max_tokens 1 or 0) gives each prompt
+// token's logprob as `qinfer eval --logits` computes it, the first one null, with the greedy pick as
+// the top alternative; vLLM's prompt_logprobs agree with it, streamed too; a cached copy of the prompt
+// is not taken from the cache. On the hybrid model (recurrent state) and the dense one.
+TEST(LiveServer, EchoedPromptLogprobsAreTheEvalLogits) {
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "dense");
+    LiveServer s(hybrid, hybrid ? "qwen35_features.jinja" : "qwen3.jinja");
+    const std::vector<int> prompt = ids_from(5, 70);
+    // The reference: qinfer eval's logits of the prompt, log-softmaxed over the vocabulary.
+    qinfer::testing::TempDir tmp;
+    std::string ids;
+    for (int id : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    const auto ran = qinfer::testing::run_command(std::string(QINFER_BINARY) + " eval --model '" + s.dir().string() +
+                                                  "' --ids " + ids + " --logits '" + (tmp / "l.bin").string() + "'");
+    ASSERT_EQ(ran.status, 0) << ran.err;
+    const std::string raw = read_file(tmp / "l.bin");
+    const size_t V = raw.size() / sizeof(float) / prompt.size();
+    ASSERT_EQ(V * prompt.size() * sizeof(float), raw.size());
+    const auto* logits = reinterpret_cast<const float*>(raw.data());
+    auto reference = [&](size_t position, int token) {
+      const float* row = logits + position * V;
+      double total = 0;
+      for (size_t v = 0; v < V; ++v) total += std::exp(static_cast<double>(row[v]));
+      return row[token] - std::log(total);
+    };
+    auto argmax = [&](size_t position) {
+      const float* row = logits + position * V;
+      return static_cast<int>(std::max_element(row, row + V) - row);
+    };
+    // A plain request first, so that the prompt's blocks are in the cache.
+    ASSERT_EQ(complete_ids(s.port(), prompt, 2)["usage"]["prompt_tokens"], 70);
+    for (const int max_tokens : {1, 0}) {
+      SCOPED_TRACE("max_tokens " + std::to_string(max_tokens));
+      const json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"logprobs", 1},
+                         {"echo", true},     {"prompt_logprobs", 2}};
+      const HttpResponse r = fetch(s.port(), "POST", "/v1/completions", dump(body));
+      ASSERT_EQ(r.status, 200) << r.body;
+      const json out = r.body_json();
+      const json& choice = out["choices"][0];
+      const json& lp = choice["logprobs"];
+      ASSERT_EQ(lp["tokens"].size(), prompt.size() + static_cast<size_t>(max_tokens));
+      EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+      EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+      EXPECT_EQ(out["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "computed whole";
+      EXPECT_EQ(out["usage"]["completion_tokens"], max_tokens);
+      if (max_tokens == 0) {
+        EXPECT_EQ(choice["finish_reason"], "length");
+      }
+      const std::string prompt_text = tokenizer::Tokenizer::load(s.dir()).decode(
+          std::vector<int32_t>(prompt.begin(), prompt.end()));
+      EXPECT_TRUE(choice["text"].get<std::string>().starts_with(prompt_text));
+      if (max_tokens == 0) {
+        EXPECT_EQ(choice["text"], prompt_text);
+      }
+      EXPECT_EQ(lp["text_offset"][0], 0);
+      const json& vllm = choice["prompt_logprobs"];
+      ASSERT_EQ(vllm.size(), prompt.size());
+      EXPECT_TRUE(vllm[0].is_null());
+      for (size_t k = 1; k < prompt.size(); ++k) {
+        const double want = reference(k - 1, prompt[k]);
+        EXPECT_NEAR(lp["token_logprobs"][k].get<double>(), want, 1e-4) << "position " << k;
+        const json& top = lp["top_logprobs"][k];
+        ASSERT_EQ(top.size(), 1u);
+        EXPECT_NEAR(top.begin().value().get<double>(), reference(k - 1, argmax(k - 1)), 1e-4) << "position " << k;
+        const json& mine = vllm[k][std::to_string(prompt[k])];
+        EXPECT_NEAR(mine["logprob"].get<double>(), want, 1e-4) << "position " << k;
+        EXPECT_GE(mine["rank"].get<int>(), 1);
+        EXPECT_TRUE(vllm[k].contains(std::to_string(argmax(k - 1)))) << "position " << k;
+        if (mine["rank"] == 1) {
+          EXPECT_EQ(argmax(k - 1), prompt[k]);
+        }
+      }
+      // Streamed: the prompt's text and logprobs come first, in a chunk of their own.
+      json streamed = body;
+      streamed["stream"] = true;
+      const HttpResponse st = fetch(s.port(), "POST", "/v1/completions", dump(streamed));
+      ASSERT_EQ(st.status, 200) << st.body;
+      const std::vector<json> chunks = sse_payloads(st.body);
+      ASSERT_FALSE(chunks.empty());
+      const json& head = chunks[0]["choices"][0];
+      EXPECT_EQ(head["text"], prompt_text);
+      EXPECT_EQ(head["logprobs"]["token_logprobs"], json(std::vector<json>(lp["token_logprobs"].begin(),
+                                                                           lp["token_logprobs"].begin() + 70)));
+      EXPECT_EQ(nlohmann::json::parse(head["prompt_logprobs"].dump()), nlohmann::json::parse(vllm.dump()));
+    }
+    // Chat completions take prompt_logprobs (one list for the request), not echo; bad values are 400s.
+    const json chat = {{"messages", {{{"role", "user"}, {"content", "hello"}}}}, {"max_tokens", 2},
+                       {"prompt_logprobs", 0}};
+    const HttpResponse c = fetch(s.port(), "POST", "/v1/chat/completions", dump(chat));
+    ASSERT_EQ(c.status, 200) << c.body;
+    EXPECT_EQ(c.body_json()["prompt_logprobs"].size(), c.body_json()["usage"]["prompt_tokens"].get<size_t>());
+    for (const json& bad : {json{{"prompt", prompt}, {"max_tokens", 0}},
+                            json{{"prompt", prompt}, {"prompt_logprobs", 21}},
+                            json{{"prompt", prompt}, {"echo", "yes"}}}) {
+      const HttpResponse b = fetch(s.port(), "POST", "/v1/completions", dump(bad));
+      EXPECT_EQ(b.status, 400) << bad.dump();
+    }
+    json chat_echo = chat;
+    chat_echo["echo"] = true;
+    const HttpResponse ce = fetch(s.port(), "POST", "/v1/chat/completions", dump(chat_echo));
+    EXPECT_EQ(ce.status, 400);
+    EXPECT_THAT(ce.body, HasSubstr("echo"));
+    expect_all_free(s);
+  }
+}
+
 // The shapes peers miss (a shared prefix whose checkpoint-grid point falls in the unique suffix): a
 // second request sharing a long prefix hits on the shared part (the hybrid model from the last
 // interval checkpoint inside it) and keeps a checkpoint where it leaves the first one's path; a third

@@ -128,7 +128,9 @@ TEST(ChatRequest, ErrorsNameTheField) {
   EXPECT_BAD(chat("{" + ok + R"(, "n": 1.5})"), "n", "expected an integer");
   EXPECT_BAD(chat("{" + ok + R"(, "max_tokens": 1e30})"), "max_tokens", "expected an integer");
   EXPECT_BAD(chat("{" + ok + R"(, "max_tokens": 99999999999999999999})"), "max_tokens", "");
-  EXPECT_BAD(chat("{" + ok + R"(, "max_tokens": 0})"), "max_tokens", "between 1 and");
+  EXPECT_BAD(chat("{" + ok + R"(, "max_tokens": 0})"), "max_tokens", "at least 1");
+  EXPECT_BAD(chat("{" + ok + R"(, "echo": true})"), "echo", "not supported on chat completions");
+  EXPECT_BAD(chat("{" + ok + R"(, "prompt_logprobs": 21})"), "prompt_logprobs", "between 0 and 20");
   EXPECT_BAD(chat("{" + ok + R"(, "stop": [""]})"), "stop", "must not be empty");
   EXPECT_BAD(chat("{" + ok + R"(, "stop": [1]})"), "stop[0]", "expected a string");
   EXPECT_BAD(chat("{" + ok + R"(, "top_logprobs": 3})"), "top_logprobs", "needs logprobs");
@@ -237,7 +239,9 @@ TEST(CompletionRequest, PromptForms) {
   EXPECT_BAD(completion(R"({"prompt": []})"), "prompt", "an empty array");
   EXPECT_BAD(completion(R"({"prompt": [1, -2]})"), "prompt[1]", "between 0 and");
   EXPECT_BAD(completion(R"({"prompt": ["a", 5]})"), "prompt[1]", "expected a string or an array of token ids");
-  EXPECT_BAD(completion(R"({"prompt": "a", "echo": true})"), "echo", "not supported");
+  EXPECT_BAD(completion(R"({"prompt": "a", "echo": 1})"), "echo", "expected true or false");
+  EXPECT_BAD(completion(R"({"prompt": "a", "max_tokens": 0})"), "max_tokens", "0 only with echo");
+  EXPECT_TRUE(completion(R"({"prompt": "a", "echo": true, "max_tokens": 0})").echo);
   EXPECT_BAD(completion(R"({"prompt": "a", "logprobs": true})"), "logprobs", "expected an integer");
 }
 

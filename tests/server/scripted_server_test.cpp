@@ -290,7 +290,7 @@ TEST(ScriptedServer, UnimplementedPeerFieldsAreRefusedUnlessDefault) {
   ScriptedServer s;
   s.generator.set_script({{"ok"}});
   const std::vector<std::pair<std::string, json>> refused = {
-      {"use_beam_search", true},         {"length_penalty", 0.5},          {"prompt_logprobs", 1},
+      {"use_beam_search", true},         {"length_penalty", 0.5},
       {"allowed_token_ids", {1, 2}},     {"bad_words", {"x"}},             {"logits_processors", {"p"}},
       {"truncate_prompt_tokens", 10},    {"skip_special_tokens", false},   {"spaces_between_special_tokens", false},
       {"priority", 1},                   {"prediction", {{"type", "content"}}}, {"audio", {{"voice", "x"}}},
@@ -304,7 +304,7 @@ TEST(ScriptedServer, UnimplementedPeerFieldsAreRefusedUnlessDefault) {
     EXPECT_THAT(r.body, HasSubstr(field)) << r.body;
   }
   const std::vector<std::pair<std::string, json>> defaults = {
-      {"use_beam_search", false}, {"length_penalty", 1}, {"prompt_logprobs", nullptr}, {"allowed_token_ids", json::array()},
+      {"use_beam_search", false}, {"length_penalty", 1}, {"allowed_token_ids", json::array()},
       {"skip_special_tokens", true}, {"priority", 0}, {"store", false}, {"modalities", {"text"}},
       {"service_tier", "auto"}, {"add_special_tokens", false}};
   json body = chat_body(false);
