@@ -71,16 +71,31 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
+// A weight that is not finite quantizes into scales that are not either: refused, naming it, as the
+// loader refuses it (io/checkpoint.cpp, layers/weights.cpp). `first`: the element `data` starts at.
+void check_finite(const io::CanonicalTensor& t, DType dtype, const void* data, uint64_t count, uint64_t first = 0) {
+  if (!traits(dtype).is_float) return;
+  const std::optional<uint64_t> at = first_non_finite(dtype, data, count);
+  if (!at) return;
+  float value = 0;
+  convert_to_f32(dtype, static_cast<const std::byte*>(data) + storage_bytes(dtype, *at), &value, 1);
+  throw Error(fmt::format("{}: tensor '{}' holds {} at element {}: non-finite weights make the output garbage (a "
+                          "corrupt download or a broken conversion); nothing was written",
+                          t.pieces.front().source->file->path().string(), t.sources.front(), value, first + *at));
+}
+
 // Streams one output (its declared tensors, in order) into the shard writer.
 void write_output(io::SafetensorsWriter& writer, const Output& o, ThreadPool& pool, ProgressBar& progress) {
   const io::CanonicalTensor& t = *o.source;
   if (!o.layout) {
     if (t.dtype == o.dtype && !t.add_one && !o.channels_last) {
       const std::vector<std::byte> bytes = t.read_bytes();
+      check_finite(t, t.dtype, bytes.data(), bytes.size() / storage_bytes(t.dtype, 1));
       writer.write(bytes);
     } else if (o.channels_last) {
       // [out, C, T, h, w] -> [out, T, h, w, C]
       std::vector<float> v = t.read_f32(), moved(v.size());
+      check_finite(t, DType::f32, v.data(), v.size());
       const int64_t O = t.shape[0], C = t.shape[1], rest = t.shape[2] * t.shape[3] * t.shape[4];
       for (int64_t a = 0; a < O; ++a)
         for (int64_t c = 0; c < C; ++c)
@@ -88,7 +103,9 @@ void write_output(io::SafetensorsWriter& writer, const Output& o, ThreadPool& po
       const std::vector<uint16_t> bf16 = to_bf16(moved);
       writer.write(std::as_bytes(std::span(bf16)));
     } else {
-      const std::vector<uint16_t> bf16 = to_bf16(t.read_f32());
+      const std::vector<float> v = t.read_f32();
+      check_finite(t, DType::f32, v.data(), v.size());
+      const std::vector<uint16_t> bf16 = to_bf16(v);
       writer.write(std::as_bytes(std::span(bf16)));
     }
     progress.advance(t.nbytes());
@@ -114,6 +131,7 @@ void write_output(io::SafetensorsWriter& writer, const Output& o, ThreadPool& po
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r1 = std::min(rows, r0 + chunk);
     const std::vector<std::byte> raw = t.read_range(static_cast<uint64_t>(r0) * row_bytes, (r1 - r0) * row_bytes);
+    check_finite(t, t.dtype, raw.data(), static_cast<uint64_t>((r1 - r0) * in), static_cast<uint64_t>(r0 * in));
     std::fill(codes.begin(), codes.end(), 0u);
     pool.parallel_for(static_cast<size_t>(r1 - r0), [&](size_t begin, size_t end) {
       std::vector<float> values(static_cast<size_t>(in)), scales(groups), biases(groups);
@@ -239,6 +257,10 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   report.shards = static_cast<int>(shards.size());
   io::json weight_map = io::json::object();
   ProgressBar progress("quantizing", total_in, ProgressBar::Unit::bytes);
+  // A failure part way (a weight that is not finite, a full disk) leaves no shard behind that a
+  // later load could take for a whole model.
+  std::vector<fs::path> written;
+  try {
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string file = shards.size() == 1 ? "model.safetensors"
                                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
@@ -248,12 +270,18 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
         weight_map[d.name] = file;
         decl.push_back(std::move(d));
       }
+    written.push_back(out / file);
     io::SafetensorsWriter writer(out / file, decl, {{"format", "mlx"}});
     for (const Output* o : shards[s]) {
       write_output(writer, *o, options.pool ? *options.pool : global_thread_pool(), progress);
       (o->layout ? report.quantized : report.kept) += 1;
     }
     writer.finish();
+  }
+  } catch (...) {
+    std::error_code ignored;
+    for (const fs::path& f : written) fs::remove(f, ignored);
+    throw;
   }
   progress.finish();
   if (shards.size() > 1) {
