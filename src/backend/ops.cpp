@@ -61,6 +61,15 @@ void Ops::set_kv_dtype(DType dtype) {
   kv_dtype_ = dtype;
 }
 
+Tensor Ops::alloc_pinned(DType dtype, std::vector<int64_t> shape) { return host_tensor(dtype, std::move(shape)); }
+
+void Ops::copy_many(std::span<const std::pair<Tensor, Tensor>> copies) {
+  for (const auto& [src, dst] : copies) {
+    Tensor to = dst;
+    copy(src, to);
+  }
+}
+
 void Ops::copy(const Tensor& src, Tensor& dst) {
   QINFER_CHECK(src.device == Device::cpu && dst.device == Device::cpu, "{} copy: both tensors must be in host memory",
                name());

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backend/sampling.h"
@@ -114,6 +115,12 @@ class Ops {
   // src → dst (same dtype and element count), each in host memory or in this backend's; a host
   // destination is complete when the call returns. Host backends: a memcpy.
   virtual void copy(const Tensor& src, Tensor& dst);
+  // Host memory this backend copies to and from without staging (pinned on a device backend; host
+  // backends: host_tensor). Not zeroed.
+  virtual Tensor alloc_pinned(DType dtype, std::vector<int64_t> shape);
+  // Each pair's copy (first → second), in order; host destinations are complete when the call
+  // returns. A device backend queues them all and waits once (the prefix cache's host tier).
+  virtual void copy_many(std::span<const std::pair<Tensor, Tensor>> copies);
   // copy_columns (tensor.h) on tensors in this backend's memory.
   virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
 

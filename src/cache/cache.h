@@ -39,6 +39,9 @@ class ModelCache {
   int64_t num_slots() const { return num_slots_; }
 
   const CacheShape& shape() const { return shape_; }
+  Ops& ops() const { return *ops_; }  // the backend holding this rank's pools and states
+  // Rows in other processes too (set_mirror): what only a snapshot reaches.
+  bool mirrored() const { return mirror_ != nullptr; }
   // Distinct for every cache made in this process: a recorded step (Ops::begin_step) is bound to
   // the pools and states of one cache.
   uint64_t id() const { return id_; }

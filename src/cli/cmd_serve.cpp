@@ -76,6 +76,10 @@ void add_serve_command(CLI::App& app) {
                   "GB for checkpoints of Gated DeltaNet state that reused prefixes start from (default: a tenth of "
                   "the cache's device memory, 0.25 on the CPU; 0: none, and such models reuse nothing)")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--host-cache-gb", o->engine.host_cache_gb,
+                  "GB of host memory (pinned on a GPU) that evicted prefix-cache blocks and state checkpoints are "
+                  "copied into, and come back from when a later request shares their prefix (default 0: none)")
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--state-checkpoint-interval", o->engine.state_checkpoint_interval,
                   "tokens between a long prefill's state checkpoints, a multiple of the block size (default 1024; "
                   "0: only at junctions and prompt ends)")

@@ -7,11 +7,16 @@
 namespace qinfer::engine {
 
 BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching,
-                           int64_t num_checkpoints)
+                           int64_t num_checkpoints, int64_t host_blocks, int64_t host_checkpoints)
     : block_size_(block_size),
       num_slots_(num_slots),
       prefix_caching_(prefix_caching && (num_slots == 0 || num_checkpoints > 0)),
-      num_checkpoints_(prefix_caching_ && num_slots > 0 ? num_checkpoints : 0) {
+      num_checkpoints_(prefix_caching_ && num_slots > 0 ? num_checkpoints : 0),
+      num_host_blocks_(prefix_caching_ ? host_blocks : 0),
+      num_host_checkpoints_(prefix_caching_ && num_slots > 0 ? host_checkpoints : 0) {
+  QINFER_CHECK(host_blocks >= 0 && host_checkpoints >= 0 && host_blocks < (int64_t{1} << 31) &&
+                   host_checkpoints < (int64_t{1} << 31),
+               "block manager: {} host blocks and {} host checkpoints", host_blocks, host_checkpoints);
   QINFER_CHECK(num_blocks > 0 && block_size > 0 && num_slots >= 0 && num_checkpoints >= 0,
                "block manager: {} blocks of {} tokens, {} slots and {} checkpoints (blocks and block size must be "
                "positive)",
@@ -21,6 +26,9 @@ BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_s
   children_.assign(static_cast<size_t>(num_blocks), 0);
   run_.resize(static_cast<size_t>(num_blocks));
   last_used_.assign(static_cast<size_t>(num_blocks), 0);
+  key_.assign(static_cast<size_t>(num_blocks), 0);
+  for (int64_t h = num_host_blocks_ - 1; h >= 0; --h) free_host_blocks_.push_back(static_cast<int32_t>(h));
+  for (int64_t h = num_host_checkpoints_ - 1; h >= 0; --h) free_host_checkpoints_.push_back(static_cast<int32_t>(h));
   // Popped from the back: low ids first.
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
   for (int64_t s = num_slots - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
@@ -42,6 +50,7 @@ int32_t BlockManager::take_block() {
   // The least recently used cached leaf no sequence holds (free_blocks() counted it).
   QINFER_CHECK(!evictable_.empty(), "block manager: no free block (the free count was wrong)");
   const int32_t b = evictable_.begin()->second;
+  if (num_host_blocks_ > 0) spill_block(b);
   unlink(b);
   --idle_cached_;
   ++evictions_;
@@ -155,31 +164,203 @@ BlockManager::Match BlockManager::match(const std::vector<int32_t>& tokens, int6
   Match m;
   if (!prefix_caching_) return m;
   const int64_t whole = static_cast<int64_t>(tokens.size()) / block_size_;
-  // The path as far as it goes; a model with state reuses it up to its deepest checkpoint.
-  std::vector<int32_t> path;
+  // The path as far as it goes: device nodes, then (the host tier) copies of the blocks that were
+  // evicted below the last of them. A model with state reuses it up to its deepest checkpoint, on
+  // the device or the host.
+  struct Step {
+    int32_t block;  // kNotCached: a host copy
+    uint64_t key;
+  };
+  std::vector<Step> path;
   int64_t usable = 0;
+  auto checkpointed = [&](const Step& p) {
+    return (p.block != kNotCached && checkpoint_[static_cast<size_t>(p.block)] >= 0) || host_checkpoints_.contains(p.key);
+  };
   for (int32_t parent = kRoot; static_cast<int64_t>(path.size()) < whole;) {
-    const int32_t b = find_child(parent, tokens.data() + static_cast<int64_t>(path.size()) * block_size_);
-    if (b == kNotCached) break;
-    path.push_back(b);
+    const int32_t* run = tokens.data() + static_cast<int64_t>(path.size()) * block_size_;
+    const uint64_t parent_key = path.empty() ? kRootKey : path.back().key;
+    int32_t b = parent == kNotCached ? kNotCached : find_child(parent, run);
+    if (b != kNotCached) {
+      path.push_back({b, key_[static_cast<size_t>(b)]});
+    } else {
+      const uint64_t key = path_key(parent_key, run);
+      const auto it = host_blocks_.find(key);
+      if (it == host_blocks_.end() || it->second.parent_key != parent_key ||
+          !std::equal(it->second.run.begin(), it->second.run.end(), run))
+        break;
+      path.push_back({kNotCached, key});
+    }
     parent = b;
-    if (static_cast<int64_t>(path.size()) <= max_blocks && (num_slots_ == 0 || checkpoint_[static_cast<size_t>(b)] >= 0))
+    if (static_cast<int64_t>(path.size()) <= max_blocks && (num_slots_ == 0 || checkpointed(path.back())))
       usable = static_cast<int64_t>(path.size());
   }
   m.path_blocks = static_cast<int64_t>(path.size());
+  // Copies come back into free blocks: as many as there are once the path's own idle blocks are held
+  // (the sequence needs that many blocks anyway).
+  auto too_many_copies = [&] {
+    int64_t copies = 0, idle = 0;
+    for (int64_t i = 0; i < usable; ++i) {
+      const int32_t b = path[static_cast<size_t>(i)].block;
+      if (b == kNotCached) ++copies;
+      else idle += refcount_[static_cast<size_t>(b)] == 0;
+    }
+    return copies > free_blocks() - idle;
+  };
+  while (usable > 0 && too_many_copies()) {
+    const int64_t before = usable;
+    usable = 0;
+    for (int64_t i = before - 1; i > 0 && usable == 0; --i)
+      if (num_slots_ == 0 || checkpointed(path[static_cast<size_t>(i - 1)])) usable = i;
+  }
+  // A checkpoint only the host has comes back into a checkpoint slot; with none to take, the match
+  // ends at the deepest checkpoint on the device.
+  int32_t loaded_checkpoint = -1;
+  if (num_slots_ > 0 && usable > 0) {
+    const Step& last = path[static_cast<size_t>(usable - 1)];
+    if (last.block == kNotCached || checkpoint_[static_cast<size_t>(last.block)] < 0) {
+      const auto it = host_checkpoints_.find(last.key);
+      const HostCheckpoint copy = it->second;
+      host_checkpoints_.erase(it);  // taken out first: taking a slot may spill into the host tier
+      host_checkpoint_lru_.erase({copy.used, last.key});
+      loaded_checkpoint = take_checkpoint(false);
+      if (loaded_checkpoint < 0) {
+        host_checkpoints_.emplace(last.key, copy);
+        host_checkpoint_lru_.insert({copy.used, last.key});
+        while (usable > 0 && (path[static_cast<size_t>(usable - 1)].block == kNotCached ||
+                              checkpoint_[static_cast<size_t>(path[static_cast<size_t>(usable - 1)].block)] < 0))
+          --usable;
+      } else {
+        add_work({copy.slot, loaded_checkpoint, CacheWork::Kind::load_state});
+        free_host_checkpoints_.push_back(copy.slot);
+        ++host_loaded_checkpoints_;
+      }
+    }
+  }
+  // The host copies on the path are taken out before any block is: taking one may evict (and spill)
+  // another, which must not push out a copy this match is about to use.
+  std::vector<HostBlock> copies;
   for (int64_t i = 0; i < usable; ++i) {
-    reference(path[static_cast<size_t>(i)]);
-    m.blocks.push_back(path[static_cast<size_t>(i)]);
+    const Step& p = path[static_cast<size_t>(i)];
+    if (p.block != kNotCached) continue;
+    auto it = host_blocks_.find(p.key);
+    copies.push_back(std::move(it->second));
+    host_block_lru_.erase({copies.back().used, p.key});
+    host_blocks_.erase(it);
+  }
+  size_t next_copy = 0;
+  for (int64_t i = 0; i < usable; ++i) {
+    Step& p = path[static_cast<size_t>(i)];
+    if (p.block == kNotCached) {
+      // Back onto the device as a node under the previous one, held by this sequence.
+      const HostBlock& copy = copies[next_copy++];
+      const int32_t b = take_block();
+      const size_t j = static_cast<size_t>(b);
+      const int32_t parent = i == 0 ? kRoot : path[static_cast<size_t>(i - 1)].block;
+      add_work({copy.slot, b, CacheWork::Kind::load_block});
+      free_host_blocks_.push_back(copy.slot);
+      ++host_loaded_blocks_;
+      parent_[j] = parent;
+      run_[j] = copy.run;
+      key_[j] = p.key;
+      nodes_.emplace(run_hash(parent, run_[j].data()), b);
+      if (parent != kRoot) ++children_[static_cast<size_t>(parent)];
+      ++cached_;
+      refcount_[j] = 1;
+      last_used_[j] = ++clock_;
+      p.block = b;
+    } else {
+      reference(p.block);
+    }
+    m.blocks.push_back(p.block);
+  }
+  // Copies past the usable part go back where they were.
+  for (; next_copy < copies.size(); ++next_copy) {
+    const HostBlock& copy = copies[next_copy];
+    const uint64_t key = path_key(copy.parent_key, copy.run.data());
+    host_block_lru_.insert({copy.used, key});
+    host_blocks_.emplace(key, copy);
   }
   if (num_slots_ > 0 && usable > 0) {
     const int32_t b = m.blocks.back();
     const size_t j = static_cast<size_t>(b);
+    if (loaded_checkpoint >= 0) {
+      checkpoint_[j] = loaded_checkpoint;
+      ++attached_;
+    } else {
+      checkpoint_lru_.erase({checkpoint_used_[j], b});
+    }
     m.checkpoint = checkpoint_[j];
-    checkpoint_lru_.erase({checkpoint_used_[j], b});
     checkpoint_used_[j] = ++clock_;
     checkpoint_lru_.insert({checkpoint_used_[j], b});
   }
   return m;
+}
+
+uint64_t BlockManager::path_key(uint64_t parent_key, const int32_t* run) const {
+  // splitmix64 steps over the parent's key and the run: a path's key, whatever block holds it.
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  uint64_t h = mix(parent_key);
+  for (int32_t i = 0; i < block_size_; ++i) h = mix(h + 0x9E3779B97F4A7C15ull + static_cast<uint32_t>(run[i]));
+  return h;
+}
+
+int32_t BlockManager::take_host_block() {
+  if (!free_host_blocks_.empty()) {
+    const int32_t h = free_host_blocks_.back();
+    free_host_blocks_.pop_back();
+    return h;
+  }
+  const uint64_t key = host_block_lru_.begin()->second;
+  host_block_lru_.erase(host_block_lru_.begin());
+  const auto it = host_blocks_.find(key);
+  const int32_t h = it->second.slot;
+  host_blocks_.erase(it);
+  return h;
+}
+
+int32_t BlockManager::take_host_checkpoint() {
+  if (!free_host_checkpoints_.empty()) {
+    const int32_t h = free_host_checkpoints_.back();
+    free_host_checkpoints_.pop_back();
+    return h;
+  }
+  const uint64_t key = host_checkpoint_lru_.begin()->second;
+  host_checkpoint_lru_.erase(host_checkpoint_lru_.begin());
+  const auto it = host_checkpoints_.find(key);
+  const int32_t h = it->second.slot;
+  host_checkpoints_.erase(it);
+  return h;
+}
+
+void BlockManager::spill_block(int32_t block) {
+  const size_t j = static_cast<size_t>(block);
+  const uint64_t key = key_[j];
+  auto it = host_blocks_.find(key);
+  if (it == host_blocks_.end()) {
+    it = host_blocks_.emplace(key, HostBlock{key_of(parent_[j]), run_[j], take_host_block(), 0}).first;
+  } else {
+    host_block_lru_.erase({it->second.used, key});
+  }
+  it->second.used = ++clock_;
+  host_block_lru_.insert({it->second.used, key});
+  add_work({block, it->second.slot, CacheWork::Kind::save_block});
+  if (checkpoint_[j] >= 0 && num_host_checkpoints_ > 0) spill_checkpoint(key, checkpoint_[j]);
+}
+
+void BlockManager::spill_checkpoint(uint64_t key, int32_t checkpoint) {
+  auto it = host_checkpoints_.find(key);
+  if (it == host_checkpoints_.end()) {
+    it = host_checkpoints_.emplace(key, HostCheckpoint{take_host_checkpoint(), 0}).first;
+  } else {
+    host_checkpoint_lru_.erase({it->second.used, key});
+  }
+  it->second.used = ++clock_;
+  host_checkpoint_lru_.insert({it->second.used, key});
+  add_work({checkpoint, it->second.slot, CacheWork::Kind::save_state});
 }
 
 void BlockManager::publish(SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token) {
@@ -206,6 +387,7 @@ void BlockManager::publish(SequenceCache& cache, const std::vector<int32_t>& tok
     }
     parent_[j] = parent;
     run_[j].assign(run, run + block_size_);
+    key_[j] = path_key(key_of(parent), run);
     last_used_[j] = ++clock_;
     nodes_.emplace(run_hash(parent, run), b);
     if (parent != kRoot) ++children_[static_cast<size_t>(parent)];
@@ -222,6 +404,7 @@ int32_t BlockManager::take_checkpoint(bool rolling) {
   } else if (!checkpoint_lru_.empty()) {
     const int32_t block = checkpoint_lru_.begin()->second;
     c = checkpoint_[static_cast<size_t>(block)];
+    if (num_host_checkpoints_ > 0) spill_checkpoint(key_[static_cast<size_t>(block)], c);
     detach_checkpoint(block);
     free_checkpoints_.pop_back();  // detach gave it back
     ++checkpoint_evictions_;

@@ -18,6 +18,13 @@
 // scheduler saves them; a match then ends at the deepest node of the path with a checkpoint, which
 // the new sequence's slot starts from. Checkpoints go with their block's eviction, and the least
 // recently used one goes first when the pool is dry. Without checkpoints such a model caches nothing.
+//
+// The host tier (off unless given room): an evicted block, and a checkpoint evicted alone or with its
+// block, is copied into host memory instead of forgotten, keyed by a hash of the whole path it ends
+// (so a copy stands for the same tokens wherever it lies). A match that runs out of device nodes goes
+// on through host copies: each is copied back into a device block and becomes a node again, and a
+// checkpoint found only on the host is copied back into a checkpoint slot. The copies are work the
+// caller runs in order (take_work), before the next forward.
 #include <cstdint>
 #include <set>
 #include <unordered_map>
@@ -28,13 +35,23 @@
 
 namespace qinfer::engine {
 
+// Cache work for the model runner, in the order it was recorded: slots to zero (state, from -1) or
+// copy (state), and the host tier's copies (ids: device block or slot, host block or checkpoint).
+struct CacheWork {
+  enum class Kind : uint8_t { state, save_block, load_block, save_state, load_state };
+  int32_t from = -1, to = -1;
+  Kind kind = Kind::state;
+  bool operator==(const CacheWork&) const = default;
+};
+
 class BlockManager {
  public:
   // `num_slots` 0: the model keeps no recurrent state, and sequences get no slot. `prefix_caching`:
   // keep computed blocks for later sequences (for a model with state, only with checkpoints: ids
   // num_slots .. num_slots + num_checkpoints - 1 at first; slots 0 .. num_slots - 1 the sequences').
+  // `host_blocks` / `host_checkpoints`: the host tier's room (0: none; only with a prefix cache).
   BlockManager(int64_t num_blocks, int32_t block_size, int64_t num_slots, bool prefix_caching = false,
-               int64_t num_checkpoints = 0);
+               int64_t num_checkpoints = 0, int64_t host_blocks = 0, int64_t host_checkpoints = 0);
 
   int32_t block_size() const { return block_size_; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
@@ -95,6 +112,19 @@ class BlockManager {
   int64_t attached_checkpoints() const { return attached_; }
   int64_t checkpoint_evictions() const { return checkpoint_evictions_; }
 
+  // Work recorded for the caller: its own (add_work: a fresh slot's zeroing, a fork's copy) and the
+  // host tier's copies, in order.
+  void add_work(CacheWork work) { work_.push_back(work); }
+  std::vector<CacheWork> take_work() { return std::exchange(work_, {}); }
+
+  // The host tier: its room, what it holds, and what came back from it.
+  int64_t total_host_blocks() const { return num_host_blocks_; }
+  int64_t total_host_checkpoints() const { return num_host_checkpoints_; }
+  int64_t host_blocks() const { return static_cast<int64_t>(host_blocks_.size()); }
+  int64_t host_checkpoints() const { return static_cast<int64_t>(host_checkpoints_.size()); }
+  int64_t host_loaded_blocks() const { return host_loaded_blocks_; }
+  int64_t host_loaded_checkpoints() const { return host_loaded_checkpoints_; }
+
  private:
   int32_t take_block();
   void unlink(int32_t block);
@@ -104,8 +134,18 @@ class BlockManager {
   bool in_cache(int32_t block) const { return parent_[static_cast<size_t>(block)] != kNotCached; }
   uint64_t run_hash(int32_t parent, const int32_t* run) const;
   int32_t find_child(int32_t parent, const int32_t* run) const;
+  // The key of the path a block's node ends: its parent's (kRootKey at the root) mixed with its run.
+  uint64_t path_key(uint64_t parent_key, const int32_t* run) const;
+  uint64_t key_of(int32_t parent) const { return parent == kRoot ? kRootKey : key_[static_cast<size_t>(parent)]; }
+  // The host tier: a cached block's KV (and its checkpoint) copied out before the block is reused;
+  // a checkpoint's state copied out before its slot is.
+  void spill_block(int32_t block);
+  void spill_checkpoint(uint64_t key, int32_t checkpoint);
+  int32_t take_host_block();
+  int32_t take_host_checkpoint();
 
   static constexpr int32_t kNotCached = -2, kRoot = -1;
+  static constexpr uint64_t kRootKey = 0x9E3779B97F4A7C15ull;
   int32_t block_size_;
   int64_t num_slots_;
   bool prefix_caching_;
@@ -115,6 +155,7 @@ class BlockManager {
   std::vector<int32_t> parent_, children_;
   std::vector<std::vector<int32_t>> run_;
   std::vector<uint64_t> last_used_;
+  std::vector<uint64_t> key_;  // path_key of each cached block's node
   std::unordered_multimap<uint64_t, int32_t> nodes_;  // run_hash(parent, run) -> block
   std::set<std::pair<uint64_t, int32_t>> evictable_;  // (last used, block): unheld cached leaves
   int64_t idle_cached_ = 0, cached_ = 0, evictions_ = 0;
@@ -126,6 +167,25 @@ class BlockManager {
   std::vector<uint64_t> checkpoint_used_;
   std::set<std::pair<uint64_t, int32_t>> checkpoint_lru_;
   int64_t attached_ = 0, rolling_ = 0, checkpoint_evictions_ = 0;
+  std::vector<CacheWork> work_;
+  // The host tier, by path key: copies of blocks (with the parent's key and the run, which a match
+  // checks) and of checkpoints, each in a host slot; (last used, key), the least recently used first.
+  struct HostBlock {
+    uint64_t parent_key = 0;
+    std::vector<int32_t> run;
+    int32_t slot = -1;
+    uint64_t used = 0;
+  };
+  struct HostCheckpoint {
+    int32_t slot = -1;
+    uint64_t used = 0;
+  };
+  int64_t num_host_blocks_, num_host_checkpoints_;
+  std::unordered_map<uint64_t, HostBlock> host_blocks_;
+  std::unordered_map<uint64_t, HostCheckpoint> host_checkpoints_;
+  std::set<std::pair<uint64_t, uint64_t>> host_block_lru_, host_checkpoint_lru_;
+  std::vector<int32_t> free_host_blocks_, free_host_checkpoints_;
+  int64_t host_loaded_blocks_ = 0, host_loaded_checkpoints_ = 0;
 };
 
 }  // namespace qinfer::engine

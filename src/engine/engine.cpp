@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "cache/host_tier.h"
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
@@ -147,6 +148,26 @@ EngineOptions resolve_options(const EngineOptions& o, const models::Runner& mode
   }
   // More would never be attached: one per cached block, one rolling per running sequence.
   r.state_checkpoints = std::min(r.state_checkpoints, r.kv_blocks + r.max_running);
+  QINFER_CHECK(std::isfinite(r.host_cache_gb) && r.host_cache_gb >= 0, "engine: host_cache_gb must be at least 0, got {}",
+               r.host_cache_gb);
+  r.host_blocks = r.host_checkpoints = 0;
+  if (r.host_cache_gb > 0 && r.prefix_caching && (slot_bytes == 0 || r.state_checkpoints > 0)) {
+    const double bytes = r.host_cache_gb * 1e9;
+    if (host_available)
+      QINFER_CHECK(bytes <= static_cast<double>(*host_available),
+                   "engine: host_cache_gb {} is more than the host's {:.2f} GB of available memory", r.host_cache_gb,
+                   static_cast<double>(*host_available) / 1e9);
+    const int ranks = model.local_ranks();
+    const double block = static_cast<double>(HostTier::block_bytes(shape, r.block_size, ranks));
+    const double checkpoint = static_cast<double>(HostTier::checkpoint_bytes(shape, ranks));
+    const double for_checkpoints = slot_bytes > 0 ? 0.1 * bytes : 0;
+    r.host_checkpoints = slot_bytes > 0 ? static_cast<int64_t>(for_checkpoints / checkpoint) : 0;
+    r.host_blocks = block > 0 ? static_cast<int64_t>((bytes - for_checkpoints) / block) : 0;
+    r.host_blocks = std::min<int64_t>(r.host_blocks, std::numeric_limits<int32_t>::max());
+    r.host_checkpoints = std::min<int64_t>(r.host_checkpoints, std::numeric_limits<int32_t>::max());
+    log_info("engine: host cache tier of {:.2f} GB: {} blocks, {} state checkpoints", r.host_cache_gb, r.host_blocks,
+             r.host_checkpoints);
+  }
   if (r.state_checkpoints > 0)
     log_info("engine: {} state checkpoints ({:.2f} GB), one every {} prefill tokens", r.state_checkpoints,
              static_cast<double>(r.state_checkpoints) * static_cast<double>(slot_bytes) / 1e9,
@@ -222,10 +243,11 @@ struct Engine::Impl {
         options(options),
         blocks(options.kv_blocks, options.block_size,
                model.cache_shape().linear_layers > 0 ? options.max_running : 0, options.prefix_caching,
-               options.state_checkpoints),
+               options.state_checkpoints, options.host_blocks, options.host_checkpoints),
         scheduler({options.max_running, options.step_token_budget, options.state_checkpoint_interval}, blocks),
         runner(model, {options.kv_blocks, options.block_size, blocks.total_slots() + blocks.total_checkpoints(),
-                       options.max_running, options.max_context, tokenizer.vocab_size()}),
+                       options.max_running, options.max_context, tokenizer.vocab_size(), blocks.total_host_blocks(),
+                       blocks.total_host_checkpoints()}),
         slot_bytes(static_cast<double>(state_slot_bytes(model.cache_shape()))) {}
 
   void validate(const RequestParams& p) const;
@@ -470,6 +492,12 @@ void Engine::Impl::publish() {
   s.state_checkpoint_bytes = static_cast<double>(s.state_checkpoints_cached) * slot_bytes;
   s.state_slots_total = blocks.total_slots();
   s.state_slots_used = blocks.used_slots();
+  s.host_blocks_total = blocks.total_host_blocks();
+  s.host_blocks_cached = blocks.host_blocks();
+  s.host_checkpoints_total = blocks.total_host_checkpoints();
+  s.host_checkpoints_cached = blocks.host_checkpoints();
+  s.host_loaded_blocks_total = blocks.host_loaded_blocks();
+  s.host_loaded_checkpoints_total = blocks.host_loaded_checkpoints();
   std::lock_guard lock(mu);
   s.completion_tokens_total = published.completion_tokens_total;  // the output thread's count
   published = s;

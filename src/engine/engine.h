@@ -46,6 +46,11 @@ struct EngineOptions {
   int32_t state_checkpoint_interval = 1024;
   int64_t state_checkpoints = 0;  // resolved: the checkpoint slots those GB hold (at most one per
                                   // block and one per running sequence), 0 without state
+  // The prefix cache's host tier: host memory (GB, pinned where the model is on a device) that
+  // evicted blocks and checkpoints are copied into and come back from on a hit (0: none). A model
+  // with state gives a tenth of it to checkpoints.
+  double host_cache_gb = 0;
+  int64_t host_blocks = 0, host_checkpoints = 0;  // resolved: what those GB hold
 };
 
 // One sequence's recurrent state (every linear-attention layer of one rank), in bytes.
@@ -130,6 +135,9 @@ struct EngineStats {
   int64_t state_checkpoints_total = 0, state_checkpoints_cached = 0, state_checkpoint_evictions_total = 0;
   double state_checkpoint_bytes = 0;
   int64_t state_slots_total = 0, state_slots_used = 0;
+  // The host tier: its room, what it holds, and what came back from it on hits.
+  int64_t host_blocks_total = 0, host_blocks_cached = 0, host_checkpoints_total = 0, host_checkpoints_cached = 0;
+  int64_t host_loaded_blocks_total = 0, host_loaded_checkpoints_total = 0;
   int64_t prompt_tokens_total = 0, completion_tokens_total = 0;
   int64_t preemptions_total = 0;
   // Model steps, and where their time went: the model thread's own work (scheduling, building the

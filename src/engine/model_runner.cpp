@@ -67,6 +67,8 @@ ModelRunner::ModelRunner(models::Runner& model, const RunnerOptions& options)
       cache_(make_runner_cache(model, options)),
       records_(model.ops().records_steps()) {
   if (records_) buckets_ = decode_buckets(options.max_batch);
+  if (options.host_blocks > 0 || options.host_checkpoints > 0)
+    host_ = std::make_unique<HostTier>(cache_, options.host_blocks, options.host_checkpoints);
   // Every padding row writes its key and value into the one scratch block: what lands there is never read.
   for (int32_t i = 0; i < padding_rows(options.max_batch, records_); ++i)
     padding_.push_back({{static_cast<int32_t>(options.kv_blocks)}, 0,
@@ -112,11 +114,23 @@ ModelRunner::Result ModelRunner::run(const StepPlan& plan, bool logprobs, bool a
 }
 
 ModelRunner::Result ModelRunner::run_step(const StepPlan& plan, bool logprobs, bool all_rows) {
-  // In the scheduler's order: a slot a fork's parent copied from may be handed out again and zeroed.
+  // In the scheduler's order: a slot a fork's parent copied from may be handed out again and zeroed,
+  // a block or checkpoint is copied to the host before its new owner writes it.
   for (const StepPlan::SlotWork& w : plan.slot_work) {
+    using Kind = CacheWork::Kind;
+    if (w.kind != Kind::state) {
+      QINFER_CHECK(host_ != nullptr, "model runner: host-tier work with no host tier");
+      if (w.kind == Kind::save_block) host_->save_block(w.from, w.to);
+      else if (w.kind == Kind::load_block) host_->load_block(w.from, w.to);
+      else if (w.kind == Kind::save_state) host_->save_state(w.from, w.to);
+      else host_->load_state(w.from, w.to);
+      continue;
+    }
+    if (host_) host_->run();  // the queued copies go first
     if (w.from < 0) cache_.zero_slot(w.to);
     else cache_.copy_slot(w.from, w.to);
   }
+  if (host_) host_->run();
 
   // A decode step is padded up to the next recorded batch size and block-table width, whose graph then
   // replays; one whose contexts are too long for the widest runs as is, unrecorded.

@@ -3,10 +3,12 @@
 // each sequence's cache view), pads decode steps to a fixed ladder of batch sizes whose recordings
 // (CUDA graphs) are made once at start-up, and samples each sampling chunk's row on the device.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "cache/cache.h"
+#include "cache/host_tier.h"
 #include "engine/scheduler.h"
 #include "models/model.h"
 
@@ -26,6 +28,7 @@ struct RunnerOptions {
   int32_t max_batch = 1;      // the largest decode batch (the scheduler's max_running)
   int64_t max_context = 0;    // tokens per sequence: the widest block table of a recorded decode step
   int64_t text_vocab = 0;     // logits columns that are text (text_logits)
+  int64_t host_blocks = 0, host_checkpoints = 0;  // the prefix cache's host tier (HostTier)
 };
 
 // The decode batch sizes that get a recording: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, …
@@ -86,6 +89,7 @@ class ModelRunner {
   models::Runner& model_;
   RunnerOptions options_;
   ModelCache cache_;
+  std::unique_ptr<HostTier> host_;  // null without a host tier
   bool records_;
   std::vector<int32_t> buckets_;
   std::vector<SequenceCache> padding_;  // padding rows: the scratch block, a scratch slot each

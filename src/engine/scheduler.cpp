@@ -44,7 +44,7 @@ void Scheduler::add(std::unique_ptr<Sequence> sequence) {
 }
 
 void Scheduler::hold(Sequence& s, int64_t tokens) {
-  if (blocks_.hold(s.cache, tokens)) pending_slot_work_.push_back({-1, s.cache.slot});
+  if (blocks_.hold(s.cache, tokens)) blocks_.add_work({-1, s.cache.slot});
 }
 
 void Scheduler::let_go(Sequence& s, bool keep_cache) {
@@ -112,7 +112,7 @@ void Scheduler::reuse_prefix(Sequence& s) {
   s.cache.cached = static_cast<int32_t>(s.cache.blocks.size()) * blocks_.block_size();
   if (m.checkpoint >= 0) {
     blocks_.take_slot(s.cache);
-    pending_slot_work_.push_back({m.checkpoint, s.cache.slot});
+    blocks_.add_work({m.checkpoint, s.cache.slot});
     s.kept_blocks = static_cast<int64_t>(s.cache.blocks.size());
   }
   if (checkpoints()) {
@@ -204,7 +204,7 @@ StepPlan Scheduler::schedule() {
     preempt(*youngest);
   }
   requeue_preempted();
-  plan.slot_work = std::exchange(pending_slot_work_, {});
+  plan.slot_work = blocks_.take_work();
   return plan;
 }
 
@@ -254,7 +254,7 @@ void Scheduler::fork(Sequence& parent) {
       s->cache = blocks_.fork(parent.cache, parent.fork_at);
       s->cached_prompt_tokens = parent.fork_at;
       // A parent with no slot yet has computed nothing; the branch's slot is zeroed when it holds.
-      if (s->cache.slot >= 0 && parent.cache.slot >= 0) pending_slot_work_.push_back({parent.cache.slot, s->cache.slot});
+      if (s->cache.slot >= 0 && parent.cache.slot >= 0) blocks_.add_work({parent.cache.slot, s->cache.slot});
     }
     running_.push_back(std::move(s));
   }

@@ -70,11 +70,9 @@ struct StepPlan {
   };
   std::vector<Chunk> chunks;  // the decodes first, then the prefill chunks
   // Before the forward, in order: slots to zero (from -1) and copies of recurrent state from one
-  // slot into another (a fork's branch, a sequence starting from a checkpoint).
-  struct SlotWork {
-    int32_t from = -1, to = -1;
-    bool operator==(const SlotWork&) const = default;
-  };
+  // slot into another (a fork's branch, a sequence starting from a checkpoint), and the host tier's
+  // copies of blocks and checkpoints (BlockManager).
+  using SlotWork = CacheWork;
   std::vector<SlotWork> slot_work;
 
   bool empty() const { return chunks.empty(); }
@@ -153,8 +151,6 @@ class Scheduler {
   BlockManager& blocks_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: the last is the youngest
-  // Slot work owed to the next plan, in order: fresh slots to zero, state copies.
-  std::vector<StepPlan::SlotWork> pending_slot_work_;
   int64_t preemptions_ = 0, reused_tokens_ = 0, hits_ = 0, misses_ = 0;
 };
 

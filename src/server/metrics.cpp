@@ -85,6 +85,21 @@ std::string Metrics::render(const engine::EngineStats& s) const {
         static_cast<double>(s.state_checkpoints_cached));
   gauge(out, "qinfer_state_checkpoint_bytes", "gauge", "Bytes of the recurrent-state checkpoints attached to cached blocks.",
         s.state_checkpoint_bytes);
+  gauge(out, "qinfer_host_cache_blocks_total", "gauge", "KV blocks the prefix cache's host tier has room for.",
+        static_cast<double>(s.host_blocks_total));
+  gauge(out, "qinfer_host_cache_blocks_cached", "gauge", "KV blocks held in the prefix cache's host tier.",
+        static_cast<double>(s.host_blocks_cached));
+  gauge(out, "qinfer_host_cache_checkpoints_total", "gauge",
+        "Recurrent-state checkpoints the prefix cache's host tier has room for.",
+        static_cast<double>(s.host_checkpoints_total));
+  gauge(out, "qinfer_host_cache_checkpoints_cached", "gauge",
+        "Recurrent-state checkpoints held in the prefix cache's host tier.", static_cast<double>(s.host_checkpoints_cached));
+  gauge(out, "qinfer_host_cache_loaded_blocks_total", "counter",
+        "KV blocks copied back from the host tier for requests that reused them.",
+        static_cast<double>(s.host_loaded_blocks_total));
+  gauge(out, "qinfer_host_cache_loaded_checkpoints_total", "counter",
+        "Recurrent-state checkpoints copied back from the host tier for requests that reused them.",
+        static_cast<double>(s.host_loaded_checkpoints_total));
   gauge(out, "qinfer_state_checkpoint_evictions_total", "counter",
         "Recurrent-state checkpoints evicted to make room for new ones.",
         static_cast<double>(s.state_checkpoint_evictions_total));

@@ -530,6 +530,44 @@ TEST_P(EngineFixture, PromptLogprobsAreTheLogSoftmaxOfThePromptLogits) {
   }
 }
 
+// The host tier: a prompt whose blocks (and, with state, checkpoints) other requests pushed out of a
+// small device pool comes back from host memory, and gives the tokens and logprobs of its first run.
+TEST_P(EngineFixture, HostTierBringsEvictedPrefixesBack) {
+  models::Model& m = model();
+  RequestParams first = greedy(make_prompt(41, 21), 4);
+  first.top_logprobs = 2;
+  std::vector<Event> runs;
+  EngineStats stats;
+  {
+    Engine s(m, test_tokenizer(),
+             {.kv_blocks = 24, .block_size = 4, .max_running = 2, .max_context = 96, .host_cache_gb = 0.002});
+    ASSERT_GT(s.options().host_blocks, 40);
+    EXPECT_EQ(s.options().host_checkpoints > 0, recurrent());
+    Recorder rec(5);
+    ASSERT_TRUE(s.submit(first, rec.sink(0)));
+    ASSERT_TRUE(rec.wait());
+    for (size_t i = 1; i <= 3; ++i) {
+      ASSERT_TRUE(s.submit(greedy(make_prompt(41, static_cast<uint32_t>(100 + i)), 4), rec.sink(i)));
+      ASSERT_TRUE(rec.wait());
+    }
+    EXPECT_GT(s.stats().host_blocks_cached, 0);
+    ASSERT_TRUE(s.submit(first, rec.sink(4)));
+    ASSERT_TRUE(rec.wait());
+    stats = s.stats();
+    expect_all_free(s);
+    EXPECT_EQ(rec[4].tokens[0], rec[0].tokens[0]);
+    EXPECT_EQ(rec[0].tokens[0], run_alone(m, first).tokens);
+    ASSERT_EQ(rec[4].logprobs[0].size(), rec[0].logprobs[0].size());
+    for (size_t k = 0; k < rec[0].logprobs[0].size(); ++k)
+      EXPECT_NEAR(rec[4].logprobs[0][k].logprob, rec[0].logprobs[0][k].logprob, 1e-4) << "token " << k;
+    EXPECT_EQ(rec[4].finished[0].cached_prompt_tokens, 40) << "every whole block before the last token";
+  }
+  EXPECT_GE(stats.host_loaded_blocks_total, 8);
+  if (recurrent()) {
+    EXPECT_GE(stats.host_loaded_checkpoints_total, 1);
+  }
+}
+
 // stop_ids end a choice without emitting the id; stop strings end it with the text before the match
 // (as engine::generate does); max_tokens and the context limit end it with "length".
 TEST(Engine, StopIdsStopStringsAndLength) {

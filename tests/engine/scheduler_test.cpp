@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 #include "core/error.h"
 #include "engine/block_manager.h"
@@ -196,6 +197,102 @@ TEST(BlockManager, CheckpointsBoundWhatAModelWithStateReuses) {
   EXPECT_EQ(m.attached_checkpoints(), 0);
   m.release(e);
   EXPECT_NE(m.take_checkpoint(false), -1);
+}
+
+// The host tier: evicted blocks are copied out (save_block, before the block is reused), and a match
+// that runs out of device nodes brings their copies back (load_block into blocks whose own contents
+// were saved first), in order; what comes back is a node again and counts as reused.
+TEST(BlockManager, HostTierSavesEvictedBlocksAndBringsThemBack) {
+  BlockManager m(4, 4, 0, /*prefix_caching=*/true, 0, /*host_blocks=*/8);
+  auto run_of = [](int32_t first, int32_t n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+    return t;
+  };
+  const std::vector<int32_t> a = run_of(0, 13), b = run_of(100, 16);
+  SequenceCache sa;
+  m.hold(sa, 12);
+  sa.cached = 12;
+  m.publish(sa, a, 0);
+  const std::vector<int32_t> a_blocks = sa.blocks;
+  m.release(sa);
+  EXPECT_TRUE(m.take_work().empty()) << "nothing evicted yet";
+  SequenceCache sb;
+  m.hold(sb, 16);  // one free block and a's three, evicted leaf first
+  std::vector<CacheWork> work = m.take_work();
+  ASSERT_EQ(work.size(), 3u);
+  for (const CacheWork& w : work) EXPECT_EQ(w.kind, CacheWork::Kind::save_block);
+  EXPECT_EQ(work[0].from, a_blocks[2]) << "the leaf first";
+  EXPECT_EQ(m.host_blocks(), 3);
+  sb.cached = 16;
+  m.publish(sb, b, 0);
+  m.release(sb);
+
+  const BlockManager::Match hit = m.match(a, 3);
+  ASSERT_EQ(hit.blocks.size(), 3u);
+  EXPECT_EQ(hit.path_blocks, 3);
+  work = m.take_work();
+  std::set<int32_t> saved;
+  int loads = 0;
+  for (const CacheWork& w : work) {
+    if (w.kind == CacheWork::Kind::save_block) saved.insert(w.from);
+    if (w.kind != CacheWork::Kind::load_block) continue;
+    ++loads;
+    EXPECT_TRUE(saved.contains(w.to)) << "block " << w.to << " is saved before it is loaded into";
+    EXPECT_EQ(w.to, hit.blocks[static_cast<size_t>(loads - 1)]);
+  }
+  EXPECT_EQ(loads, 3);
+  EXPECT_EQ(m.host_loaded_blocks(), 3);
+  EXPECT_EQ(m.host_blocks(), 3) << "b's three blocks went out, a's came back";
+  EXPECT_EQ(m.cached_blocks(), 4);
+  SequenceCache again{hit.blocks, 12, -1};
+  m.release(again);
+  // Matched again, a is on the device: no copies.
+  const BlockManager::Match second = m.match(a, 3);
+  EXPECT_EQ(second.blocks, hit.blocks);
+  EXPECT_TRUE(m.take_work().empty());
+  SequenceCache done{second.blocks, 12, -1};
+  m.release(done);
+}
+
+// A model with state: a block's checkpoint goes to the host with it and comes back into a checkpoint
+// slot, which the match then names (its state is loaded before the sequence's slot copies it).
+TEST(BlockManager, HostTierKeepsCheckpointsWithTheirBlocks) {
+  BlockManager m(4, 4, 2, /*prefix_caching=*/true, /*checkpoints=*/2, /*host_blocks=*/8, /*host_checkpoints=*/4);
+  std::vector<int32_t> a(9), b(16);
+  for (int32_t i = 0; i < 9; ++i) a[static_cast<size_t>(i)] = i;
+  for (int32_t i = 0; i < 16; ++i) b[static_cast<size_t>(i)] = 200 + i;
+  SequenceCache sa;
+  m.hold(sa, 8);
+  sa.cached = 8;
+  m.publish(sa, a, 0);
+  const int32_t checkpoint = m.take_checkpoint(false);
+  ASSERT_GE(checkpoint, 0);
+  m.attach_checkpoint(sa, 2, checkpoint, false);
+  m.release(sa);
+  (void)m.take_work();
+  SequenceCache sb;
+  m.hold(sb, 16);
+  std::vector<CacheWork> work = m.take_work();
+  EXPECT_TRUE(std::any_of(work.begin(), work.end(), [&](const CacheWork& w) {
+    return w.kind == CacheWork::Kind::save_state && w.from == checkpoint;
+  })) << "the checkpoint goes out with its block";
+  EXPECT_EQ(m.host_checkpoints(), 1);
+  EXPECT_EQ(m.attached_checkpoints(), 0);
+  sb.cached = 16;
+  m.publish(sb, b, 0);
+  m.release(sb);
+  const BlockManager::Match hit = m.match(a, 2);
+  ASSERT_EQ(hit.blocks.size(), 2u);
+  ASSERT_GE(hit.checkpoint, 0);
+  work = m.take_work();
+  EXPECT_TRUE(std::any_of(work.begin(), work.end(), [&](const CacheWork& w) {
+    return w.kind == CacheWork::Kind::load_state && w.to == hit.checkpoint;
+  }));
+  EXPECT_EQ(m.host_loaded_checkpoints(), 1);
+  EXPECT_EQ(m.attached_checkpoints(), 1);
+  SequenceCache held{hit.blocks, 8, -1};
+  m.release(held);
 }
 
 // A model-free harness: requests as sequences, plans run by feeding back a token per sampling chunk.

@@ -408,6 +408,45 @@ class CudaOps final : public Ops {
     QINFER_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, kind, stream()));
   }
 
+  Tensor alloc_pinned(DType dtype, std::vector<int64_t> shape) override {
+    for (int64_t d : shape) QINFER_CHECK(d >= 0, "cuda alloc_pinned: negative dimension in shape {}", shape_str(shape));
+    enter();
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.device = Device::cpu;
+    const uint64_t bytes = t.nbytes();
+    if (bytes == 0) return t;
+    void* p = nullptr;
+    const cudaError_t status = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail("cuda alloc_pinned: {} bytes of pinned host memory: {}", bytes, cudaGetErrorString(status));
+    }
+    t.data = p;
+    t.owner = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+    return t;
+  }
+
+  // Pinned host memory (alloc_pinned) on either side: the copies queue on the stream, and one wait
+  // covers every host destination.
+  void copy_many(std::span<const std::pair<Tensor, Tensor>> copies) override {
+    if (mode_ != Mode::eager) return Ops::copy_many(copies);
+    enter();
+    bool to_host = false;
+    for (const auto& [src, dst] : copies) {
+      QINFER_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel() && src.data && dst.data,
+                   "cuda copy_many: {} {} cannot be copied into {} {}", qinfer::name(src.dtype), shape_str(src.shape),
+                   qinfer::name(dst.dtype), shape_str(dst.shape));
+      const bool from_device = src.device == Device::cuda, to_device = dst.device == Device::cuda;
+      const cudaMemcpyKind kind = from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                                              : (to_device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+      QINFER_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), kind, stream()));
+      to_host = to_host || !to_device;
+    }
+    if (to_host) synchronize();
+  }
+
   void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override {
     if (src.device == Device::cpu && dst.device == Device::cpu) return qinfer::copy_columns(src, src_col, dst, dst_col, width);
     QINFER_CHECK(src.rank() == 2 && dst.rank() == 2 && src.dim(0) == dst.dim(0) && src.dtype == dst.dtype &&
