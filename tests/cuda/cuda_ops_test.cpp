@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/sampling.h"
 #include "cache/cache.h"
+#include "cache/host_tier.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -101,6 +102,73 @@ TEST(CudaOps, CopyMovesRowViewsInEveryDirection) {
   EXPECT_EQ(std::memcmp(all.ptr<float>() + 12, row.ptr<float>(), 6 * sizeof(float)), 0);
   Tensor wrong = ops->alloc(DType::f32, {5});
   EXPECT_THROW(copy(*ops, device, wrong), Error);
+}
+
+// The prefix cache's host tier: pinned host memory, and a block's K/V in every layer and a slot's
+// state copied out and back into other rows, in one batch each way.
+TEST(CudaOps, HostTierRoundTripsBlocksAndStatesThroughPinnedMemory) {
+  auto ops = make_cuda_ops(0, Precision::exact);
+  const Tensor pinned = ops->alloc_pinned(DType::f32, {3, 5});
+  cudaPointerAttributes attributes{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attributes, pinned.data), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeHost);
+  EXPECT_EQ(pinned.device, Device::cpu);
+
+  CacheShape shape;
+  shape.attention_layers = 2;
+  shape.kv_heads = 2;
+  shape.head_dim = 8;
+  shape.linear_layers = 1;
+  shape.conv_channels = 4;
+  shape.conv_window = 3;
+  shape.value_heads = 2;
+  shape.value_head_dim = 4;
+  shape.key_head_dim = 4;
+  shape.kv_dtype = ops->kv_dtype();
+  ModelCache cache(*ops, shape, 6, 4, 3);
+  std::mt19937 rng(5);
+  std::vector<Tensor> written;
+  for (int64_t l = 0; l < 2; ++l)
+    for (Tensor* pool : {&cache.kv(l).k, &cache.kv(l).v}) {
+      Tensor values = random_f32(rng, {1, 4, 2, 8});
+      if (pool->dtype == DType::bf16) {
+        Tensor b = host_tensor(DType::bf16, values.shape);
+        for (int64_t i = 0; i < values.numel(); ++i) b.ptr<uint16_t>()[i] = f32_to_bf16(values.ptr<float>()[i]);
+        values = b;
+      }
+      Tensor rows = pool->rows(2, 3);
+      copy(*ops, values, rows);
+      written.push_back(values);
+    }
+  for (Tensor* state : {&cache.conv_state(0), &cache.delta_state(0)}) {
+    std::vector<int64_t> one = state->shape;
+    one[0] = 1;
+    Tensor values = random_f32(rng, one);
+    Tensor rows = state->rows(1, 2);
+    copy(*ops, values, rows);
+    written.push_back(values);
+  }
+  HostTier tier(cache, 3, 2);
+  tier.save_block(2, 1);
+  tier.save_state(1, 0);
+  tier.run();
+  tier.load_block(1, 4);
+  tier.load_state(0, 2);
+  tier.run();
+  size_t k = 0;
+  for (int64_t l = 0; l < 2; ++l)
+    for (Tensor* pool : {&cache.kv(l).k, &cache.kv(l).v}) {
+      const Tensor back = to_host(pool->rows(4, 5));
+      EXPECT_EQ(std::memcmp(back.data, written[k].data, back.nbytes()), 0) << "layer " << l;
+      ++k;
+    }
+  for (Tensor* state : {&cache.conv_state(0), &cache.delta_state(0)}) {
+    const Tensor back = to_host(state->rows(2, 3));
+    EXPECT_EQ(std::memcmp(back.data, written[k].data, back.nbytes()), 0) << "state " << k;
+    ++k;
+  }
+  EXPECT_THROW(tier.save_block(6, 0), Error);
+  EXPECT_THROW(tier.load_state(2, 0), Error);
 }
 
 TEST(CudaOps, CopyColumnsMatchesTheHostCopy) {
