@@ -933,7 +933,8 @@ TEST(ScriptedServer, ModelsHealthAndMetrics) {
                            "qinfer_requests_running", "qinfer_requests_waiting", "qinfer_kv_blocks_used",
                            "qinfer_state_slots_used", "qinfer_prompt_tokens_total", "qinfer_generation_tokens_total",
                            "qinfer_http_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
-                           "qinfer_choices_finished_total{reason=\"stop\"} 1"})
+                           "qinfer_choices_finished_total{reason=\"stop\"} 1", "qinfer_host_cache_blocks_cached",
+                           "qinfer_host_cache_loaded_blocks_total", "qinfer_host_cache_checkpoints_cached"})
     EXPECT_THAT(metrics.body, HasSubstr(name));
 }
 
