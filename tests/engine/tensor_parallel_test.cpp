@@ -1,6 +1,7 @@
 // The engine on a tensor-parallel group (models::TensorParallelModel, two ranks as threads): generate
 // and the scheduler give the tokens of one Model on the golden fixtures qwen3 (attention) and qwen3_5
 // (Gated DeltaNet state slots, snapshotted for n > 1), with preemption, on the ref and cpu backends.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -229,6 +230,47 @@ TEST_P(TensorParallelEngineServing, PrefixCacheGivesTheHitsAndTokensOfOneModel) 
     }
   }
   EXPECT_GT(reused, 0);
+}
+
+// The host tier on a group of two ranks as threads: each rank's blocks (and checkpoints) go out and
+// come back, giving one model's tokens and hits; a group over processes refuses the tier (its other
+// processes' rows are out of reach) with a clear error.
+TEST_P(TensorParallelEngineServing, HostTierGivesTheTokensOfOneModel) {
+  const models::Checkpoint checkpoint = models::open_checkpoint(kGolden / GetParam());
+  const std::unique_ptr<Ops> ops = backend("cpu");
+  models::Model one(checkpoint, *ops);
+  const EngineOptions options{.kv_blocks = 24, .block_size = 4, .max_running = 2, .max_context = 96,
+                              .host_cache_gb = 0.002};
+  std::vector<RequestParams> requests = {request(make_prompt(41, 21), 4, 0.0f, 0, 1)};
+  for (uint32_t i = 1; i <= 3; ++i) requests.push_back(request(make_prompt(41, 100 + i), 4, 0.0f, 0, 1));
+  requests.push_back(requests[0]);
+  auto in_turn_with_tier = [&](models::Runner& model) {
+    Engine s(model, test_tokenizer(), options);
+    std::vector<std::pair<std::vector<int32_t>, int32_t>> out;
+    for (const RequestParams& r : requests) {
+      Recorder rec(1);
+      EXPECT_TRUE(s.submit(r, rec.sink(0)));
+      EXPECT_TRUE(rec.wait());
+      out.push_back({rec[0].tokens[0], rec[0].finished[0].cached_prompt_tokens});
+    }
+    EXPECT_GT(s.stats().host_loaded_blocks_total, 0);
+    return out;
+  };
+  const auto want = in_turn_with_tier(one);
+  EXPECT_EQ(want.back().second, 40) << "the first prompt again, from the host";
+  EXPECT_EQ(want.back().first, want.front().first);
+  EXPECT_EQ(in_turn_with_tier(*two_ranks(checkpoint, "cpu")), want);
+  std::string refused;
+  EXPECT_EQ(over_two_processes(checkpoint,
+                               [&](models::TensorParallelModel& g) {
+                                 try {
+                                   Engine s(g, test_tokenizer(), options);
+                                 } catch (const Error& e) {
+                                   refused = e.what();
+                                 }
+                               }),
+            "");
+  EXPECT_THAT(refused, ::testing::HasSubstr("host tier is not available to a tensor-parallel group over processes"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, TensorParallelEngineServing, ::testing::Values("qwen3", "qwen3_5"),
