@@ -947,10 +947,75 @@ def add_image_reference(model, cfg, prompts):
 
 FIXTURE_SEEDS = {"qwen3": 1, "qwen3_moe": 2, "qwen3_next": 3, "qwen3_5": 4, "qwen3_5_moe": 5}
 
+# A family's fixture with a few config keys changed: its weights (same seed), config, and notes.
+HF_VARIANTS = OrderedDict([
+    # YaRN by 4 over a 32-position original context: the 80-token prompt runs far past it. With
+    # max_position_embeddings = factor x original, transformers 4.x (which takes factor = max / original)
+    # and 5.x (the explicit factor) compute the same frequencies, and 5.x warns of no mismatch.
+    ("qwen3_yarn", dict(
+        src="qwen3",
+        config={"max_position_embeddings": 128,
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}},
+        notes=" The qwen3 fixture's weights with YaRN rotary scaling (factor 4 over 32 original positions, "
+              "max_position_embeddings 128): most frequencies divided by 4, cos and sin scaled by 0.1 ln 4 + 1. "
+              "reference.json's rope holds the rotary embedding's inv_freq and attention_scaling as loaded.")),
+])
+
+
+def yarn_inv_freq(dim, base, factor, original, beta_fast=32, beta_slow=1, truncate=True):
+    """transformers 5's _compute_yarn_parameters in numpy: Python floats where it uses them, float32 arrays
+    where torch computes in float32 (each operation rounded on its own). The powers are rounded correctly, as
+    glibc's powf (qinfer's) rounds them; torch's vectorized pow and numpy's may be an ulp off."""
+    f32 = np.float32
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), f32(0), f32(1))
+    exponents = np.arange(0, dim, 2).astype(f32) / f32(dim)
+    pos_freqs = np.array([math.pow(float(f32(base)), float(e)) for e in exponents], dtype=f32)
+    extrapolation = f32(1) / pos_freqs
+    interpolation = f32(1) / (f32(factor) * pos_freqs)
+    keep = f32(1) - ramp
+    return (interpolation * (f32(1) - keep) + extrapolation * keep).astype(f32)
+
+
+def rotary_embedding(model):
+    for m in model.modules():
+        if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "inv_freq"):
+            return m
+    raise RuntimeError("no rotary embedding module in the model")
+
+
+def yarn_reference(model, cfg):
+    """The rotary frequencies transformers uses, checked against yarn_inv_freq and the attention factor."""
+    rope = rotary_embedding(model)
+    inv_freq = rope.inv_freq.detach().float().cpu().numpy()
+    scaling = float(rope.attention_scaling)
+    rs = cfg["rope_scaling"]
+    mine = yarn_inv_freq(cfg["head_dim"], cfg["rope_theta"], rs["factor"], rs["original_max_position_embeddings"])
+    ulps = np.abs(inv_freq.view(np.int32).astype(np.int64) - mine.view(np.int32).astype(np.int64))
+    log(f"    rotary embedding {type(rope).__name__}: rope_type {getattr(rope, 'rope_type', '?')}, attention_scaling "
+        f"{scaling!r}; inv_freq vs the numpy transcription: {int(np.count_nonzero(ulps))} of {ulps.size} differ, "
+        f"at most {int(ulps.max())} ulp")
+    if ulps.max() > 4 or abs(scaling - (0.1 * math.log(rs["factor"]) + 1.0)) > 1e-12:
+        raise RuntimeError("transformers' YaRN frequencies are not the expected ones")
+    return {"rope": OrderedDict([("rope_type", "yarn"), ("inv_freq", [float(v) for v in inv_freq]),
+                                 ("attention_scaling", scaling)])}
+
 
 def make_hf_fixture(name, out, work, prompts, tv, state):
-    fam = name
+    variant = HF_VARIANTS.get(name)
+    fam = variant["src"] if variant else name
     cfg = CONFIGS[fam](tv)
+    if variant:
+        cfg.update(variant["config"])
     arch = cfg["architectures"][0]
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
@@ -978,6 +1043,8 @@ def make_hf_fixture(name, out, work, prompts, tv, state):
 
     ref = compute_reference(model, prompts)
     extra, arrays = {}, {}
+    if (cfg.get("rope_scaling") or {}).get("rope_type") == "yarn":
+        extra.update(yarn_reference(model, cfg))
     if fam == "qwen3_5":
         try:
             arrays, extra = add_image_reference(model, cfg, prompts)
@@ -990,6 +1057,8 @@ def make_hf_fixture(name, out, work, prompts, tv, state):
              "attention_mask of ones, use_cache=False). greedy = argmax re-running the full sequence each step; "
              "greedy_margins[i] = top1 - top2 logit at the step that produced greedy[i], from one teacher-forced "
              "pass over prompt + greedy tokens.")
+    if variant:
+        notes += variant["notes"]
     if fam in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
         mtp = random_tensors(fam, FIXTURE_SEEDS[fam] + 100, mtp_shapes(fam, cfg))
         hub.update(mtp)
@@ -1234,7 +1303,7 @@ def main():
     state, failed = {}, []
     t0 = time.time()
     plan = [(n, lambda n=n: make_hf_fixture(n, args.out, work, prompts, tv, state))
-            for n in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")]
+            for n in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", *HF_VARIANTS)]
     plan += [(n, lambda n=n: make_mlx_fixture(n, args.out, work, prompts, state)) for n in MLX_FIXTURES]
     for n, fn in plan:
         if not want(n):

@@ -4,7 +4,9 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numbers>
 
 #include "backend/ops.h"
 #include "core/error.h"
@@ -107,6 +109,80 @@ void Ops::linear_swiglu(const Tensor& x, const Weight& gate, const Weight& up, T
   Tensor u = alloc_output(DType::f32, {x.dim(0), up.shape()[0]});
   linear_many(x, {&gate, &up}, {&g, &u});
   silu_mul(g, u, out);
+}
+
+namespace {
+
+// YaRN's blend per frequency, as HF's _compute_yarn_parameters: the ramp's ends and the attention
+// factor in Python floats (double), the frequencies in torch's f32 with every operation rounded on
+// its own (torch runs each in a kernel of its own: no fused multiply-add).
+struct YarnRamp {
+  float low, width, factor;
+  float attention_factor;
+
+  float inv_freq(int64_t i, float pos_freq) const {
+    const float extrapolated = 1.0f / pos_freq, interpolated = 1.0f / (factor * pos_freq);
+    const float ramp = std::clamp((static_cast<float>(i) - low) / width, 0.0f, 1.0f);
+    const float keep = 1.0f - ramp;  // HF's inv_freq_extrapolation_factor
+    const float from_interpolated = interpolated * (1.0f - keep), from_extrapolated = extrapolated * keep;
+    return from_interpolated + from_extrapolated;
+  }
+};
+
+YarnRamp yarn_ramp(std::string_view who, const RopeParams& params) {
+  const YarnParams& y = *params.yarn;
+  QINFER_CHECK(std::isfinite(y.factor) && y.factor > 0, "{}: yarn factor {} must be a positive number", who,
+               y.factor);
+  QINFER_CHECK(y.original_max_positions > 0, "{}: yarn original_max_positions {} must be positive", who,
+               y.original_max_positions);
+  QINFER_CHECK(std::isfinite(y.beta_fast) && std::isfinite(y.beta_slow) && y.beta_fast > 0 && y.beta_slow > 0,
+               "{}: yarn beta_fast {} and beta_slow {} must be positive numbers", who, y.beta_fast, y.beta_slow);
+  QINFER_CHECK(params.theta != 1, "{}: yarn needs theta other than 1 (its ramp divides by log theta)", who);
+  const auto mscale = [&](double m) { return y.factor <= 1 ? 1.0 : 0.1 * m * std::log(y.factor) + 1.0; };
+  double attention = mscale(1.0);
+  if (y.attention_factor) attention = *y.attention_factor;
+  else if (y.mscale != 0 && y.mscale_all_dim != 0) attention = mscale(y.mscale) / mscale(y.mscale_all_dim);
+  QINFER_CHECK(std::isfinite(attention), "{}: yarn attention factor {} must be a number", who, attention);
+
+  // The dimension whose frequency turns `rotations` times over the original context.
+  const double d = static_cast<double>(params.rotary_dim);
+  const auto correction_dim = [&](double rotations) {
+    return (d * std::log(static_cast<double>(y.original_max_positions) / (rotations * 2 * std::numbers::pi))) /
+           (2 * std::log(params.theta));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, d - 1);
+  const double width = (high == low ? high + 0.001 : high) - low;  // HF's guard against a zero-width ramp
+  return {static_cast<float>(low), static_cast<float>(width), static_cast<float>(y.factor),
+          static_cast<float>(attention)};
+}
+
+}  // namespace
+
+RopeFrequencies rope_frequencies(std::string_view who, const RopeParams& params) {
+  const int64_t d = params.rotary_dim, half = d / 2;
+  QINFER_CHECK(d > 0 && d % 2 == 0, "{}: rotary_dim {} must be even and positive", who, d);
+  QINFER_CHECK(params.theta > 0, "{}: theta {} must be positive", who, params.theta);
+  const auto& section = params.mrope_section;
+  QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
+               "{}: mrope_section must be empty or 3 non-negative sizes, got [{}]", who, fmt::join(section, ", "));
+  std::optional<YarnRamp> yarn;
+  if (params.yarn) yarn = yarn_ramp(who, params);
+  RopeFrequencies f;
+  f.inv_freq.resize(static_cast<size_t>(half));
+  f.axis.assign(static_cast<size_t>(half), 0);
+  if (yarn) f.attention_factor = yarn->attention_factor;
+  const float base = static_cast<float>(params.theta);
+  for (int64_t i = 0; i < half; ++i) {
+    // Interleaved MRoPE, qwen-spec §10.3.
+    if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) f.axis[i] = 1;
+    if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) f.axis[i] = 2;
+    // torch's `base ** (arange(0, d, 2).float() / d)`, in f32.
+    const float pos_freq = std::pow(base, static_cast<float>(2 * i) / static_cast<float>(d));
+    f.inv_freq[i] = yarn ? yarn->inv_freq(i, pos_freq) : 1.0f / pos_freq;
+  }
+  return f;
 }
 
 void Ops::rms_norm_rope_store(Tensor& q, Tensor& k, const Tensor& v, const Tensor& q_w, const Tensor& k_w, float eps,

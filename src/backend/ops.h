@@ -61,13 +61,37 @@ struct KvPool {
   Tensor k, v;
 };
 
+// YaRN (HF transformers' rope_type "yarn"): frequencies that turn fewer than beta_slow times over the
+// original context are divided by factor, those that turn more than beta_fast times are kept, a
+// linear ramp blends those between; cos and sin are scaled by the attention factor.
+struct YarnParams {
+  double factor = 1.0;
+  int64_t original_max_positions = 0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  // None: HF's default from factor, with mscale / mscale_all_dim when both are nonzero.
+  std::optional<double> attention_factor;
+  double mscale = 0.0, mscale_all_dim = 0.0;
+  bool truncate = true;  // the ramp's ends rounded out to whole dimensions
+};
+
 struct RopeParams {
   int64_t rotary_dim = 0;  // the first rotary_dim features of each head rotate (rotate-half pairing)
   double theta = 10000.0;
   // Interleaved MRoPE: frequency i takes its position from axis H if i%3==1 && i<3*section[1], from
   // W if i%3==2 && i<3*section[2], else from T. Empty: every frequency uses positions row 0.
   std::vector<int64_t> mrope_section;
+  std::optional<YarnParams> yarn;  // none: plain frequencies
 };
+
+// What a rotation needs per frequency i < rotary_dim / 2, computed once on the host for every backend
+// with HF's arithmetic: f32 where torch computes in f32, double where it uses Python floats.
+struct RopeFrequencies {
+  std::vector<float> inv_freq;  // the angle at position p is p · inv_freq[i] (f32)
+  std::vector<int8_t> axis;     // position row (0 t, 1 h, 2 w) of each frequency
+  float attention_factor = 1.0f;  // multiplies cos and sin (HF's attention_scaling)
+};
+// Checks params (errors begin with `who`, "cpu rope") and computes its frequencies.
+RopeFrequencies rope_frequencies(std::string_view who, const RopeParams& params);
 
 // A weight matrix [..., out, in]: dense (f32|bf16|f16), or MLX-quantized codes with per-group scales
 // (quant/quant.h). A dense Tensor converts implicitly, so dense call sites read as before.

@@ -266,7 +266,7 @@ void add_bench_command(CLI::App& app) {
     }
 
     auto start = Clock::now();
-    models::Checkpoint ck = models::open_checkpoint(dir);
+    models::Checkpoint ck = load_checkpoint(dir);
     const DeviceModel device = load_device_model(ck, o->device, o->tensor_parallel);  // weights on the device(s)
     models::Runner& model = *device.model;
     const int ranks = o->tensor_parallel;

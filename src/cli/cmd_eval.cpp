@@ -107,7 +107,7 @@ void add_eval_command(CLI::App& app) {
                  "--dump needs --mode prefill (one forward, so each name is written once)");
     QINFER_CHECK(o->dump.empty() || o->tensor_parallel == 1,
                  "--dump needs --tensor-parallel 1 (a rank's intermediates hold only its heads)");
-    models::Checkpoint checkpoint = models::open_checkpoint(o->model);
+    models::Checkpoint checkpoint = load_checkpoint(o->model);
     for (int32_t id : ids)
       QINFER_CHECK(id < checkpoint.config.text.vocab_size, "--ids: token id {} is outside the vocabulary (0..{})", id,
                    checkpoint.config.text.vocab_size - 1);

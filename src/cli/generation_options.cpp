@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -51,11 +53,41 @@ namespace {
 bool exact_precision = false;
 // --kv-cache-dtype: none for auto (the backend's choice, Ops::kv_dtype).
 std::optional<DType> kv_cache_dtype;
+// --rope-scaling yarn:FACTOR[:ORIGINAL]: none for the config's own rotary scaling.
+struct YarnFlag {
+  double factor = 0;
+  std::optional<int64_t> original;
+};
+std::optional<YarnFlag> yarn_flag;
 // --tp-processes, --tp-process, --tp-address.
 struct {
   int count = 1, index = 0;
   std::string address;
 } processes;
+
+// --rope-scaling yarn:FACTOR[:ORIGINAL]: FACTOR a number above 1, ORIGINAL a positive count of positions.
+YarnFlag parse_rope_scaling(const std::string& value) {
+  constexpr std::string_view kPrefix = "yarn:";
+  QINFER_CHECK(value.starts_with(kPrefix),
+               "--rope-scaling {}: expected yarn:FACTOR or yarn:FACTOR:ORIGINAL (YaRN is the scaling supported)", value);
+  const char* first = value.data() + kPrefix.size();
+  const char* last = value.data() + value.size();
+  const char* colon = std::find(first, last, ':');
+  YarnFlag flag;
+  const auto [end, error] = std::from_chars(first, colon, flag.factor);
+  QINFER_CHECK(first != colon && error == std::errc() && end == colon && std::isfinite(flag.factor) && flag.factor > 1,
+               "--rope-scaling {}: FACTOR must be a number above 1 (yarn:4 stretches a 32768-position context to "
+               "131072)", value);
+  if (colon != last) {
+    int64_t original = 0;
+    const auto [o_end, o_error] = std::from_chars(colon + 1, last, original);
+    QINFER_CHECK(colon + 1 != last && o_error == std::errc() && o_end == last && original > 0,
+                 "--rope-scaling {}: ORIGINAL must be a positive whole number of positions (yarn:4:32768, as the "
+                 "Qwen3 model cards give it)", value);
+    flag.original = original;
+  }
+  return flag;
+}
 
 // N of "cuda" (0) or "cuda:N".
 int cuda_index(const std::string& device) {
@@ -153,6 +185,12 @@ DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::s
   return m;
 }
 
+models::Checkpoint load_checkpoint(const std::string& dir) {
+  models::Checkpoint checkpoint = models::open_checkpoint(dir);
+  if (yarn_flag) io::apply_yarn(checkpoint.config.text, yarn_flag->factor, yarn_flag->original);
+  return checkpoint;
+}
+
 std::string precision_name() { return exact_precision ? "exact" : "fast"; }
 
 void add_device_flags(CLI::App* cmd, int& tensor_parallel) {
@@ -186,11 +224,17 @@ void add_device_flags(CLI::App* cmd, int& tensor_parallel) {
          "elements of the KV cache: auto (default; bfloat16 on cuda with --precision fast, as PyTorch and vLLM keep a "
          "bf16 model's cache, else float32), bfloat16 (half the memory and the bytes a decode step reads) or float32")
       ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
+  cmd->add_option_function<std::string>(
+         "--rope-scaling", [](const std::string& value) { yarn_flag = parse_rope_scaling(value); },
+         "yarn:FACTOR[:ORIGINAL]: YaRN rotary scaling by FACTOR over the model's original context (ORIGINAL "
+         "positions, else config.json's original_max_position_embeddings, else its max_position_embeddings), as "
+         "the Qwen model cards describe (Qwen3: yarn:4:32768); the model then reads FACTOR x that many positions "
+         "(default: config.json's rope scaling)");
 }
 
 std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_template, const std::string& device,
                                         int tensor_parallel) {
-  models::Checkpoint checkpoint = models::open_checkpoint(dir);
+  models::Checkpoint checkpoint = load_checkpoint(dir);
   tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(dir);
   auto loaded = std::unique_ptr<LoadedModel>(
       new LoadedModel{dir, std::move(checkpoint), {}, std::move(tok), std::nullopt, {}});

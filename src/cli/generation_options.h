@@ -43,8 +43,12 @@ std::unique_ptr<models::TensorParallelModel> load_ranks(const models::Checkpoint
 DeviceModel load_device_model(const models::Checkpoint& checkpoint, const std::string& device, int tensor_parallel);
 // --tensor-parallel N, --tp-processes P / --tp-process I / --tp-address HOST:PORT (a group over
 // processes; models::Placement), --precision fast|exact (the cuda backend's prompt GEMMs and
-// attention) and --kv-cache-dtype, the same on every command that takes --device.
+// attention), --kv-cache-dtype and --rope-scaling yarn:FACTOR, the same on every command that takes
+// --device.
 void add_device_flags(CLI::App* cmd, int& tensor_parallel);
+// models::open_checkpoint, then --rope-scaling on its config: how every command that takes
+// add_device_flags opens its model.
+models::Checkpoint load_checkpoint(const std::string& dir);
 // For commands whose requests reach one process (serve, chat): process 0 of a group over processes
 // leads it and goes on (false); every other process follows it until it stops (true: the command
 // has nothing left to do). False for a single process.

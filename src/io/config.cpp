@@ -200,7 +200,35 @@ void parse_quantization(const JsonObject& top, ModelConfig& config) {
   config.quantization = std::move(q);
 }
 
-RopeConfig parse_rope(const JsonObject& text, const Fields& f) {
+// rope_type yarn's own fields; the absent ones resolve as transformers 5 resolves them
+// (standardize_rope_params, then _compute_yarn_parameters).
+void parse_yarn(const JsonObject& params, int64_t max_positions, RopeConfig& rope) {
+  if (!rope.original_max_position_embeddings) rope.original_max_position_embeddings = max_positions;
+  if (!params.has("factor"))
+    rope.factor = static_cast<double>(max_positions) / static_cast<double>(*rope.original_max_position_embeddings);
+  for (const auto& [key, beta] : {std::pair{"beta_fast", &rope.beta_fast}, std::pair{"beta_slow", &rope.beta_slow}}) {
+    const std::optional<double> given = params.number_opt(key);
+    if (!given || *given == 0) continue;
+    check_positive_real(params, key, *given);
+    *beta = *given;
+  }
+  rope.attention_factor = params.number_opt("attention_factor");
+  if (rope.attention_factor) check_positive_real(params, "attention_factor", *rope.attention_factor);
+  rope.mscale = params.number_opt("mscale").value_or(0.0);
+  rope.mscale_all_dim = params.number_opt("mscale_all_dim").value_or(0.0);
+  rope.truncate = params.bool_opt("truncate").value_or(true);
+}
+
+// The positions a YaRN model reads: factor × its original context (as vLLM sizes it).
+int64_t yarn_positions(const RopeConfig& rope, std::string_view where) {
+  const double positions = std::floor(rope.factor * static_cast<double>(*rope.original_max_position_embeddings));
+  QINFER_CHECK(positions >= 1 && positions <= static_cast<double>(kMaxPositions),
+               "{}: yarn factor {} x original_max_position_embeddings {} gives {} positions, outside 1..{}", where,
+               rope.factor, *rope.original_max_position_embeddings, positions, kMaxPositions);
+  return static_cast<int64_t>(positions);
+}
+
+RopeConfig parse_rope(const JsonObject& text, const Fields& f, int64_t max_positions) {
   RopeConfig rope;
   std::optional<JsonObject> params = text.object_opt("rope_parameters");
   if (!params) params = text.object_opt("rope_scaling");
@@ -232,6 +260,7 @@ RopeConfig parse_rope(const JsonObject& text, const Fields& f) {
     check_size(*params, "original_max_position_embeddings", *rope.original_max_position_embeddings, kMaxPositions);
   for (int64_t section : rope.mrope_section)
     check_range(owner("mrope_section"), "mrope_section", section, 0, kMaxHeadDim);
+  if (params && rope.type == "yarn") parse_yarn(*params, max_positions, rope);
   static constexpr std::string_view kTypes[] = {"default", "linear", "dynamic", "yarn", "llama3", "mrope"};
   QINFER_CHECK(std::find(std::begin(kTypes), std::end(kTypes), rope.type) != std::end(kTypes),
                "{}: unsupported rope_type '{}' (supported: default, linear, dynamic, yarn, llama3, mrope)",
@@ -292,7 +321,10 @@ TextConfig parse_text(const JsonObject& top, const JsonObject& text, const std::
   QINFER_CHECK(!t.attention_bias, "{}: attention biases are not part of any Qwen3 family checkpoint",
                text.where("attention_bias"));
   t.attn_output_gate = f.bool_or("attn_output_gate", false);
-  t.rope = parse_rope(text, f);
+  t.rope = parse_rope(text, f, t.max_position_embeddings);
+  if (t.rope.type == "yarn")
+    t.max_position_embeddings =
+        yarn_positions(t.rope, text.where(text.has("rope_parameters") ? "rope_parameters" : "rope_scaling"));
   const int64_t rotary = t.rotary_dim();
   QINFER_CHECK(rotary > 0 && rotary <= t.head_dim && rotary % 2 == 0,
                "{}: head_dim {} x partial_rotary_factor {} gives {} rotary dims (must be even, in 2..head_dim)",
@@ -436,6 +468,21 @@ bool TextConfig::is_moe_layer(int64_t layer) const {
 
 int64_t TextConfig::rotary_dim() const {
   return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+}
+
+void apply_yarn(TextConfig& text, double factor, std::optional<int64_t> original) {
+  const std::string where =
+      original ? fmt::format("--rope-scaling yarn:{}:{}", factor, *original) : fmt::format("--rope-scaling yarn:{}", factor);
+  RopeConfig& rope = text.rope;
+  QINFER_CHECK(rope.type == "default" || rope.type == "mrope" || rope.type == "yarn",
+               "{}: the config already scales its rotary frequencies (rope_type '{}')", where, rope.type);
+  QINFER_CHECK(!original || (*original > 0 && *original <= kMaxPositions), "{}: ORIGINAL must be in 1..{}", where,
+               kMaxPositions);
+  if (original) rope.original_max_position_embeddings = *original;
+  if (!rope.original_max_position_embeddings) rope.original_max_position_embeddings = text.max_position_embeddings;
+  rope.type = "yarn";
+  rope.factor = factor;
+  text.max_position_embeddings = yarn_positions(rope, where);
 }
 
 const json& hf_text_defaults(const std::string& text_model_type) {

@@ -22,8 +22,16 @@ struct RopeConfig {
   std::string type = "default";  // default | linear | dynamic | yarn | llama3 | ... (rope_type)
   double theta = 10000.0;
   double partial_rotary_factor = 1.0;
-  double factor = 1.0;  // scaling factor for linear / dynamic / yarn
+  // Scaling factor for linear / dynamic / yarn; yarn without one: max_position_embeddings / original
+  // (HF's default).
+  double factor = 1.0;
+  // The context the model was trained on; yarn without one: max_position_embeddings (HF's default).
   std::optional<int64_t> original_max_position_embeddings;
+  // yarn's optional fields, with HF's defaults (like HF's `or`, a beta of 0 takes its default too).
+  double beta_fast = 32.0, beta_slow = 1.0;
+  std::optional<double> attention_factor;     // none: from factor (and the two mscales when both are set)
+  double mscale = 0.0, mscale_all_dim = 0.0;  // 0: not given
+  bool truncate = true;
   std::vector<int64_t> mrope_section;  // empty: 1-D RoPE
   bool mrope_interleaved = false;
   json raw;  // the resolved rope parameters as given, for the scaling types' extra fields
@@ -50,6 +58,8 @@ struct TextConfig {
   std::string model_type;  // the text model's own type (qwen3, qwen3_5_text, ...)
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  // The positions the model reads: config.json's max_position_embeddings, or with yarn factor ×
+  // original_max_position_embeddings (the context YaRN stretches to, as vLLM sizes it).
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
@@ -105,6 +115,11 @@ struct ModelConfig {
 ModelConfig load_config(const std::filesystem::path& dir_or_file);
 // Same over an already parsed document; `label` names it in errors.
 ModelConfig parse_config(const json& document, const std::string& label);
+// YaRN by `factor` over the model's original context (`original` positions, else the config's
+// original_max_position_embeddings, else max_position_embeddings), as the Qwen model cards describe:
+// `--rope-scaling yarn:FACTOR[:ORIGINAL]`. A config that scales its frequencies otherwise (linear,
+// dynamic, llama3) is an Error.
+void apply_yarn(TextConfig& text, double factor, std::optional<int64_t> original = std::nullopt);
 // The HF default values used for a text model_type (exposed for the defaults test).
 const json& hf_text_defaults(const std::string& text_model_type);
 

@@ -9,14 +9,27 @@ namespace qinfer::layers {
 RopeParams rope_params(const io::TextConfig& c) {
   // Scaled rotary frequencies change every position's rotation: running such a checkpoint with plain
   // ones would answer, wrongly. "dynamic" NTK equals plain RoPE up to max_position_embeddings, which
-  // bounds the context here.
-  QINFER_CHECK(c.rope.type == "default" || c.rope.type == "mrope" || c.rope.type == "dynamic",
+  // bounds the context here; YaRN's frequencies and attention factor are computed by rope_frequencies.
+  const std::string& type = c.rope.type;
+  QINFER_CHECK(type == "default" || type == "mrope" || type == "dynamic" || type == "yarn",
                "config.json: rope_type '{}' (scaled rotary frequencies, factor {}) is not implemented; remove "
                "rope_scaling to run the model within its original context", c.rope.type, c.rope.factor);
   RopeParams p;
   p.rotary_dim = c.rotary_dim();
   p.theta = c.rope.theta;
   if (c.rope.mrope_interleaved) p.mrope_section = c.rope.mrope_section;
+  if (type == "yarn") {
+    const io::RopeConfig& r = c.rope;
+    const int64_t original = r.original_max_position_embeddings.value_or(c.max_position_embeddings);
+    p.yarn = YarnParams{.factor = r.factor,
+                        .original_max_positions = original,
+                        .beta_fast = r.beta_fast,
+                        .beta_slow = r.beta_slow,
+                        .attention_factor = r.attention_factor,
+                        .mscale = r.mscale,
+                        .mscale_all_dim = r.mscale_all_dim,
+                        .truncate = r.truncate};
+  }
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "io/json.h"
 #include "support/run_command.h"
@@ -47,6 +48,74 @@ TEST(Eval, LogitsFileAndGreedyLineMatchTheReference) {
       norm += w[i] * double(w[i]);
     }
     EXPECT_LE(std::sqrt(diff / norm), 1e-2) << mode;
+  }
+}
+
+std::vector<float> read_floats(const fs::path& path) {
+  const std::string bytes = read_text(path);
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+// --rope-scaling yarn:4 means what YaRN in config.json over the same original context means (the
+// fixture's max_position_embeddings, 4096), and changes the logits.
+TEST(Eval, RopeScalingYarnIsTheConfigsYarn) {
+  const fs::path qwen3 = fs::path(QINFER_TEST_DATA) / "golden" / "qwen3";
+  const auto prompt = io::read_json_file(qwen3 / "reference.json")["prompts"][1].get<std::vector<int32_t>>();
+  TempDir dir;
+  io::json config = io::read_json_file(qwen3 / "config.json");
+  config["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096}};
+  fs::create_directory(dir / "yarn");
+  write_file(dir / "yarn" / "config.json", config.dump());
+  fs::create_symlink(qwen3 / "model.safetensors", dir / "yarn" / "model.safetensors");
+  const auto logits = [&](const fs::path& model, const std::string& extra, const std::string& name) {
+    const CommandResult r = run_command(std::string(QINFER_BINARY) + " eval --model '" + model.string() +
+                                        "' --ids " + ids_of(prompt) + " --logits '" + (dir / name).string() + "'" +
+                                        extra);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return read_floats(dir / name);
+  };
+  const std::vector<float> plain = logits(qwen3, "", "plain.bin");
+  const std::vector<float> flag = logits(qwen3, " --rope-scaling yarn:4", "flag.bin");
+  EXPECT_EQ(logits(qwen3, " --rope-scaling yarn:4:4096", "named.bin"), flag) << "the config's original, named";
+  const std::vector<float> configured = logits(dir / "yarn", "", "config.bin");
+  ASSERT_EQ(flag.size(), plain.size());
+  EXPECT_EQ(flag, configured);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    diff += (flag[i] - plain[i]) * double(flag[i] - plain[i]);
+    norm += plain[i] * double(plain[i]);
+  }
+  EXPECT_GT(std::sqrt(diff / norm), 1e-3) << "YaRN left the logits as they were";
+}
+
+TEST(Eval, RopeScalingRefusesBadValuesNamingTheOption) {
+  for (const char* value : {"yarn:0", "yarn:1", "yarn:-2", "yarn:abc", "yarn:", "yarn:4x", "yarn:inf", "yarn:nan"}) {
+    const CommandResult r = run_command(eval(std::string("--ids 1,2 --rope-scaling ") + value));
+    EXPECT_EQ(r.status, 1) << value;
+    EXPECT_THAT(r.err, HasSubstr(std::string("--rope-scaling ") + value + ": FACTOR must be a number above 1"))
+        << value;
+  }
+  for (const char* value : {"foo:2", "linear:2", "4"}) {
+    const CommandResult r = run_command(eval(std::string("--ids 1,2 --rope-scaling ") + value));
+    EXPECT_EQ(r.status, 1) << value;
+    EXPECT_THAT(r.err, HasSubstr(std::string("--rope-scaling ") + value + ": expected yarn:FACTOR")) << value;
+  }
+  for (const char* value : {"yarn:4:", "yarn:4:0", "yarn:4:-5", "yarn:4:1.5", "yarn:4:x"}) {
+    const CommandResult r = run_command(eval(std::string("--ids 1,2 --rope-scaling ") + value));
+    EXPECT_EQ(r.status, 1) << value;
+    EXPECT_THAT(r.err, HasSubstr(std::string("--rope-scaling ") + value + ": ORIGINAL must be a positive whole number"))
+        << value;
+  }
+}
+
+// Every command that loads a model for inference takes the option (add_device_flags).
+TEST(Eval, RopeScalingIsOnEveryCommandThatLoadsAModel) {
+  for (const char* command : {"run", "chat", "serve", "eval", "bench"}) {
+    const CommandResult r = run_command(std::string(QINFER_BINARY) + " " + command + " --help");
+    EXPECT_EQ(r.status, 0) << command << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr("--rope-scaling")) << command;
   }
 }
 

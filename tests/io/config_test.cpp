@@ -99,6 +99,106 @@ TEST(Config, LegacyRopeThetaAndScaling) {
   EXPECT_EQ(c.text.num_key_value_heads, 32);  // Qwen3Config's default
   EXPECT_EQ(c.text.head_dim, 128);           // Qwen3Config's default head_dim
   EXPECT_EQ(c.text.rotary_dim(), 128);
+  EXPECT_EQ(c.text.max_position_embeddings, 131072);  // YaRN's context: 4 x 32768
+}
+
+json qwen3_yarn(const json& rope_scaling) {
+  return {{"model_type", "qwen3"}, {"hidden_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 4}, {"intermediate_size", 128}, {"vocab_size", 100},
+          {"max_position_embeddings", 40960}, {"rope_scaling", rope_scaling}};
+}
+
+// YaRN's own fields, transformers 5's defaults for the absent ones, and the positions the model then
+// reads: factor x the original context.
+TEST(Config, YarnFieldsDefaultsAndPositions) {
+  TextConfig t = parse_config(qwen3_yarn({{"rope_type", "yarn"}, {"factor", 4.0},
+                                          {"original_max_position_embeddings", 32768}}),
+                              "cfg.json")
+                     .text;
+  EXPECT_EQ(t.max_position_embeddings, 131072);  // Qwen3's model card: 32768 x 4, not config.json's 40960
+  EXPECT_DOUBLE_EQ(t.rope.beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(t.rope.beta_slow, 1.0);
+  EXPECT_FALSE(t.rope.attention_factor.has_value());
+  EXPECT_EQ(t.rope.mscale, 0.0);
+  EXPECT_EQ(t.rope.mscale_all_dim, 0.0);
+  EXPECT_TRUE(t.rope.truncate);
+
+  // Given fields are kept, a beta of 0 takes its default (HF's `or`), and without an original context
+  // max_position_embeddings is it.
+  t = parse_config(qwen3_yarn({{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_fast", 0}, {"beta_slow", 2},
+                               {"attention_factor", 0.8}, {"mscale", 1}, {"mscale_all_dim", 0.5},
+                               {"truncate", false}}),
+                   "cfg.json")
+          .text;
+  EXPECT_EQ(t.rope.original_max_position_embeddings, 40960);
+  EXPECT_EQ(t.max_position_embeddings, 81920);
+  EXPECT_DOUBLE_EQ(t.rope.beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(t.rope.beta_slow, 2.0);
+  EXPECT_EQ(t.rope.attention_factor, 0.8);
+  EXPECT_DOUBLE_EQ(t.rope.mscale, 1.0);
+  EXPECT_DOUBLE_EQ(t.rope.mscale_all_dim, 0.5);
+  EXPECT_FALSE(t.rope.truncate);
+
+  // Without a factor, the ratio of the two contexts (DeepSeek-V3's spelling).
+  t = parse_config(qwen3_yarn({{"rope_type", "yarn"}, {"original_max_position_embeddings", 10240}}), "cfg.json").text;
+  EXPECT_DOUBLE_EQ(t.rope.factor, 4.0);
+  EXPECT_EQ(t.max_position_embeddings, 40960);
+
+  EXPECT_THAT(error_of(qwen3_yarn({{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1}})),
+              HasSubstr("cfg.json: rope_scaling.beta_fast: must be a positive number, got -1"));
+  EXPECT_THAT(error_of(qwen3_yarn({{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 0}})),
+              HasSubstr("cfg.json: rope_scaling.attention_factor: must be a positive number, got 0"));
+  EXPECT_THAT(error_of(qwen3_yarn({{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", "yes"}})),
+              HasSubstr("cfg.json: rope_scaling.truncate: expected true or false"));
+  EXPECT_THAT(error_of(qwen3_yarn(
+                  {{"rope_type", "yarn"}, {"factor", 1e6}, {"original_max_position_embeddings", 32768}})),
+              HasSubstr("cfg.json: rope_scaling: yarn factor 1000000 x original_max_position_embeddings 32768 gives"));
+}
+
+// --rope-scaling yarn:FACTOR: YaRN over the config's original context, which is max_position_embeddings
+// unless the config names one; MRoPE and the other rope fields stay.
+TEST(Config, ApplyYarnStretchesTheOriginalContext) {
+  json plain = qwen3_yarn(nullptr);
+  TextConfig t = parse_config(plain, "cfg.json").text;
+  apply_yarn(t, 4.0);
+  EXPECT_EQ(t.rope.type, "yarn");
+  EXPECT_DOUBLE_EQ(t.rope.factor, 4.0);
+  EXPECT_EQ(t.rope.original_max_position_embeddings, 40960);
+  EXPECT_EQ(t.max_position_embeddings, 163840);
+
+  t = parse_config(qwen3_yarn({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}),
+                   "cfg.json")
+          .text;
+  apply_yarn(t, 2.0);
+  EXPECT_DOUBLE_EQ(t.rope.factor, 2.0);
+  EXPECT_EQ(t.rope.original_max_position_embeddings, 32768);
+  EXPECT_EQ(t.max_position_embeddings, 65536);
+
+  // ORIGINAL given (yarn:4:32768, as Qwen3's model cards have it) wins over the config's own.
+  t = parse_config(plain, "cfg.json").text;
+  apply_yarn(t, 4.0, 32768);
+  EXPECT_EQ(t.rope.original_max_position_embeddings, 32768);
+  EXPECT_EQ(t.max_position_embeddings, 131072);
+
+  t = parse_config(qwen3_5_vlm(), "cfg.json").text;
+  const int64_t positions = t.max_position_embeddings;
+  apply_yarn(t, 4.0);
+  EXPECT_EQ(t.rope.type, "yarn");
+  EXPECT_EQ(t.rope.mrope_section, (std::vector<int64_t>{11, 11, 10}));
+  EXPECT_TRUE(t.rope.mrope_interleaved);
+  EXPECT_EQ(t.rotary_dim(), 64);
+  EXPECT_EQ(t.max_position_embeddings, 4 * positions);
+
+  t = parse_config(qwen3_yarn({{"rope_type", "linear"}, {"factor", 2.0}}), "cfg.json").text;
+  try {
+    apply_yarn(t, 4.0);
+    ADD_FAILURE() << "YaRN replaced a linear scaling";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--rope-scaling yarn:4: the config already scales its rotary frequencies "
+                                    "(rope_type 'linear')"));
+  }
+  t = parse_config(plain, "cfg.json").text;
+  EXPECT_THROW(apply_yarn(t, 1e4), Error);  // 4 x 10^8 positions
 }
 
 TEST(Config, RopeParametersWinOverTopLevelTheta) {
@@ -283,7 +383,7 @@ namespace {
 // (rope_parameters, num_local_experts, dtype, explicit layer_types) must mean the same thing.
 TEST(Config, ReleaseStyleAndTransformers5ConfigsAgree) {
   const auto golden = std::filesystem::path(QINFER_TEST_DATA) / "golden";
-  for (const char* fixture : {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"}) {
+  for (const char* fixture : {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_yarn"}) {
     ModelConfig a = load_config(golden / fixture / "config.json");
     ModelConfig b = load_config(golden / fixture / "hf_saved_config.json");
     const TextConfig &x = a.text, &y = b.text;
@@ -298,6 +398,10 @@ TEST(Config, ReleaseStyleAndTransformers5ConfigsAgree) {
     EXPECT_DOUBLE_EQ(x.rope.theta, y.rope.theta) << fixture;
     EXPECT_EQ(x.rotary_dim(), y.rotary_dim()) << fixture;
     EXPECT_EQ(x.rope.mrope_section, y.rope.mrope_section) << fixture;
+    EXPECT_EQ(x.rope.type, y.rope.type) << fixture;
+    EXPECT_DOUBLE_EQ(x.rope.factor, y.rope.factor) << fixture;
+    EXPECT_EQ(x.rope.original_max_position_embeddings, y.rope.original_max_position_embeddings) << fixture;
+    EXPECT_EQ(x.max_position_embeddings, y.max_position_embeddings) << fixture;
     EXPECT_EQ(x.tie_word_embeddings, y.tie_word_embeddings) << fixture;
     EXPECT_EQ(x.mtp_num_hidden_layers, y.mtp_num_hidden_layers) << fixture;
     EXPECT_EQ(x.dtype, "bfloat16") << fixture;

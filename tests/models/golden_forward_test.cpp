@@ -11,6 +11,7 @@
 
 #include "core/thread_pool.h"
 #include "io/json.h"
+#include "layers/attention.h"
 #include "models/eval.h"
 #include "support/golden_reference.h"
 
@@ -120,9 +121,25 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* f : {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_mlx",
                         "qwen3_5_moe_mlx_4bit", "qwen3_mlx_8bit", "qwen3_5_mlx_6bit", "qwen3_5_mlx_3bit",
-                        "qwen3_5_mlx_mxfp4"})
+                        "qwen3_5_mlx_mxfp4", "qwen3_yarn"})
     for (const char* d : {"cpu", "ref"}) out.push_back({f, d});
   return out;
+}
+
+// The YaRN fixture's rotary constants are transformers' own (its rotary embedding's inv_freq and
+// attention_scaling as loaded, in reference.json): inv_freq within an ulp (torch's vectorized pow may
+// round its last bit otherwise than powf), the attention factor exactly.
+TEST(GoldenYarn, RotaryFrequenciesAreTransformers) {
+  const std::filesystem::path dir = kGolden / "qwen3_yarn";
+  const Checkpoint checkpoint = open_checkpoint(dir);
+  const io::json rope = io::read_json_file(dir / "reference.json").at("rope");
+  const RopeFrequencies f = rope_frequencies("qwen3_yarn", layers::rope_params(checkpoint.config.text));
+  const auto inv_freq = rope.at("inv_freq").get<std::vector<float>>();
+  ASSERT_EQ(f.inv_freq.size(), inv_freq.size());
+  for (size_t i = 0; i < inv_freq.size(); ++i)
+    EXPECT_NEAR(f.inv_freq[i], inv_freq[i], std::abs(inv_freq[i]) * 1.2e-7f) << "frequency " << i;
+  EXPECT_EQ(f.attention_factor, rope.at("attention_scaling").get<float>());
+  EXPECT_EQ(checkpoint.config.text.max_position_embeddings, 128);  // 4 x 32
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenForward, ::testing::ValuesIn(cases()),

@@ -404,9 +404,19 @@ void add_norms(std::vector<Case>& cases) {
 }
 
 void add_rope(std::vector<Case>& cases) {
-  struct Shape { int64_t T, heads, head_dim, rotary; double theta; std::vector<int64_t> section; int32_t max_pos; };
+  struct Shape {
+    int64_t T, heads, head_dim, rotary;
+    double theta;
+    std::vector<int64_t> section;
+    int32_t max_pos;
+    std::optional<YarnParams> yarn = {};
+  };
   // Rotary halves of 1-32, 33-64, 65-128 and 129-256 frequencies; for rms_norm_rope also features
   // past rotary_dim: none, up to 64, up to 256 and more (Qwen3-Next / Qwen3.5 rotate 64 of 256).
+  // YaRN as Qwen3's model card sets it, and over partial rotary dims with MRoPE (Qwen3.5).
+  const YarnParams qwen3_yarn{.factor = 4.0, .original_max_positions = 32768};
+  const YarnParams qwen3_5_yarn{.factor = 4.0, .original_max_positions = 262144};
+  const YarnParams short_yarn{.factor = 4.0, .original_max_positions = 32};  // the golden qwen3_yarn's
   const std::vector<Shape> shapes = {{1, 1, 2, 2, 1e4, {}, 10},
                                      {3, 4, 64, 64, 1e6, {}, 5000},
                                      {17, 3, 256, 64, 1e7, {11, 11, 10}, 100000},
@@ -418,10 +428,14 @@ void add_rope(std::vector<Case>& cases) {
                                      {9, 3, 256, 256, 1e7, {}, 100000},
                                      {2, 3, 600, 512, 1e4, {}, 1000},
                                      {3, 2, 800, 200, 1e4, {}, 1000},
-                                     {1, 5, 256, 64, 1e7, {11, 11, 10}, 100000}};
+                                     {1, 5, 256, 64, 1e7, {11, 11, 10}, 100000},
+                                     {65, 8, 128, 128, 1e6, {}, 131072, qwen3_yarn},
+                                     {17, 3, 256, 64, 1e7, {11, 11, 10}, 1000000, qwen3_5_yarn},
+                                     {5, 2, 32, 8, 1e7, {2, 1, 1}, 128, short_yarn}};
   for (const Shape& s : shapes) {
-    const std::string p = fmt::format("T={} heads={} hd={} rot={} mrope={}", s.T, s.heads, s.head_dim, s.rotary,
-                                      s.section.empty() ? "no" : "yes");
+    const std::string p = fmt::format("T={} heads={} hd={} rot={} mrope={}{}", s.T, s.heads, s.head_dim, s.rotary,
+                                      s.section.empty() ? "no" : "yes", s.yarn ? " yarn" : "");
+    const RopeParams params{s.rotary, s.theta, s.section, s.yarn};
     auto positions_for = [s](Rng& rng) {
       std::vector<int32_t> pos(3 * s.T);
       for (int64_t t = 0; t < s.T; ++t) {
@@ -432,7 +446,6 @@ void add_rope(std::vector<Case>& cases) {
       return i32_tensor({3, s.T}, pos);
     };
     cases.push_back({"rope", p, [=](Run& r) {
-                       const RopeParams params{s.rotary, s.theta, s.section};
                        Tensor positions = positions_for(r.rng);
                        Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.heads, s.head_dim});
                        Tensor x_dut = r.put(x);
@@ -441,7 +454,6 @@ void add_rope(std::vector<Case>& cases) {
                        r.compare("x", x_dut, x, kTol);
                      }});
     cases.push_back({"rms_norm_rope", p, [=](Run& r) {
-                       const RopeParams params{s.rotary, s.theta, s.section};
                        Tensor positions = positions_for(r.rng);
                        Tensor x = random_tensor(r.rng, DType::f32, {s.T, s.heads, s.head_dim}, 3.0f);
                        Tensor w = random_tensor(r.rng, DType::f32, {s.head_dim});
@@ -1040,18 +1052,22 @@ void add_norm_then_linear(std::vector<Case>& cases) {
 }
 
 // q/k norms, rotation and the KV write of one attention layer as one op: partial rotary_dim (Qwen3-
-// Next / 3.5), MRoPE sections, GQA, decode and prefill batches over shuffled pages.
+// Next / 3.5), MRoPE sections, YaRN, GQA, decode and prefill batches over shuffled pages.
 void add_rms_norm_rope_store(std::vector<Case>& cases) {
   struct Shape {
     int64_t heads, kv_heads, head_dim, rotary;
     std::vector<int64_t> section;
     std::vector<int32_t> lens, cached;
+    std::optional<YarnParams> yarn = {};
   };
+  const YarnParams yarn{.factor = 4.0, .original_max_positions = 32};  // positions past 32 stretch
   const Shape shapes[] = {{32, 8, 128, 128, {}, {1}, {511}},
                           {16, 2, 256, 64, {11, 11, 10}, {1, 1, 1}, {0, 40, 7}},
                           {8, 8, 64, 64, {}, {17, 3}, {0, 9}},
                           {4, 2, 128, 128, {}, {300}, {0}},
-                          {6, 3, 20, 10, {}, {5, 1}, {3, 30}}};
+                          {6, 3, 20, 10, {}, {5, 1}, {3, 30}},
+                          {32, 8, 128, 128, {}, {1, 20}, {150, 90}, yarn},
+                          {16, 2, 256, 64, {11, 11, 10}, {1, 1, 1}, {0, 40, 70}, yarn}};
   // A bf16 pool holds k's and v's rounding: ref's and the backend's rotations may differ in the last
   // f32 bit, which flips the odd bf16 rounding by one ulp (2^-8 relative). Rounding every element the
   // wrong way (truncation) would cost ~1e-3.
@@ -1060,8 +1076,9 @@ void add_rms_norm_rope_store(std::vector<Case>& cases) {
    for (const DType kv : {DType::f32, DType::bf16}) {
     cases.push_back(
         {"rms_norm_rope_store",
-         fmt::format("{} pool h={} kv={} hd={} rotary={}{} lens={} cached={}", name(kv), s.heads, s.kv_heads,
-                     s.head_dim, s.rotary, s.section.empty() ? "" : " mrope", seqs_str(s.lens), seqs_str(s.cached)),
+         fmt::format("{} pool h={} kv={} hd={} rotary={}{}{} lens={} cached={}", name(kv), s.heads, s.kv_heads,
+                     s.head_dim, s.rotary, s.section.empty() ? "" : " mrope", s.yarn ? " yarn" : "", seqs_str(s.lens),
+                     seqs_str(s.cached)),
          [=](Run& r) {
            constexpr int32_t kBlock = 16;
            AttentionLayout layout;
@@ -1081,7 +1098,7 @@ void add_rms_norm_rope_store(std::vector<Case>& cases) {
                for (int axis = 0; axis < 3; ++axis)
                  positions.ptr<int32_t>()[axis * T + j] =
                      s.cached[i] + (j - layout.seqs.cu_seqlens[i]) + static_cast<int32_t>(r.rng.integer(0, 2)) * axis;
-           const RopeParams params{s.rotary, 1e6, s.section};
+           const RopeParams params{s.rotary, 1e6, s.section, s.yarn};
            const std::vector<int64_t> pool_shape = {num_blocks, kBlock, s.kv_heads, s.head_dim};
            KvPool pool{random_tensor(r.rng, kv, pool_shape), random_tensor(r.rng, kv, pool_shape)};
            KvPool pool_dut{r.put(pool.k), r.put(pool.v)};

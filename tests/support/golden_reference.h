@@ -27,7 +27,8 @@ inline const std::filesystem::path kGolden = test_data() / "golden";
 
 inline const std::vector<std::string> kFixtures = {
     "qwen3",          "qwen3_moe",        "qwen3_next",       "qwen3_5",          "qwen3_5_moe",      "qwen3_5_mlx",
-    "qwen3_5_moe_mlx_4bit", "qwen3_mlx_8bit", "qwen3_5_mlx_6bit", "qwen3_5_mlx_3bit", "qwen3_5_mlx_mxfp4"};
+    "qwen3_5_moe_mlx_4bit", "qwen3_mlx_8bit", "qwen3_5_mlx_6bit", "qwen3_5_mlx_3bit", "qwen3_5_mlx_mxfp4",
+    "qwen3_yarn"};
 
 struct Reference {
   io::json doc;  // reference.json itself, for fields only some references carry

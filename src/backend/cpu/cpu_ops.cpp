@@ -196,8 +196,9 @@ class CpuOps final : public Ops {
     });
   }
 
-  // Angles in f32 exactly as HF computes them (inv_freq, pos·inv_freq, cos, sin), like ref: at
-  // position 10⁵ a double angle would differ from HF's by more than the op's tolerance.
+  // Angles in f32 exactly as HF computes them (inv_freq, pos·inv_freq, cos and sin times the attention
+  // factor), like ref: at position 10⁵ a double angle would differ from HF's by more than the op's
+  // tolerance.
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
     rope_heads("rope", x, nullptr, 0.0f, positions, params);
   }
@@ -391,24 +392,14 @@ class CpuOps final : public Ops {
     check_shape(op, "positions", positions, {3, T});
     QINFER_CHECK(d > 0 && d % 2 == 0 && d <= head_dim, "cpu {}: rotary_dim {} must be even and in (0, head_dim {}]",
                  op, d, head_dim);
-    QINFER_CHECK(params.theta > 0, "cpu {}: theta {} must be positive", op, params.theta);
-    const auto& section = params.mrope_section;
-    QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
-                 "cpu {}: mrope_section must be empty or 3 non-negative sizes, got {}", op, shape_str(section));
-    std::vector<int> axis(half, 0);  // position row (t, h, w) of each frequency: interleaved MRoPE
-    std::vector<float> inv_freq(half);
-    for (int64_t i = 0; i < half; ++i) {
-      if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) axis[i] = 1;
-      if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) axis[i] = 2;
-      inv_freq[i] = 1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
-    }
+    const RopeFrequencies f = rope_frequencies(fmt::format("cpu {}", op), params);
     const int32_t* pos = positions.ptr<int32_t>();
     ctx_.parallel(T, kSerialElements / std::max<int64_t>(heads * head_dim, 1), [&](int64_t t0, int64_t t1) {
       std::vector<float> cos(half), sin(half);
       for (int64_t t = t0; t < t1; ++t) {
         for (int64_t i = 0; i < half; ++i) {
-          const float angle = static_cast<float>(pos[axis[i] * T + t]) * inv_freq[i];
-          cos[i] = std::cos(angle), sin[i] = std::sin(angle);
+          const float angle = static_cast<float>(pos[f.axis[i] * T + t]) * f.inv_freq[i];
+          cos[i] = std::cos(angle) * f.attention_factor, sin[i] = std::sin(angle) * f.attention_factor;
         }
         for (int64_t h = 0; h < heads; ++h) {
           float* xh = x.ptr<float>() + (t * heads + h) * head_dim;

@@ -64,7 +64,7 @@ void check_distinct(std::string_view op, std::string_view a_name, const Tensor& 
 }
 
 // Checks x [T, heads, head_dim], positions and params of a rotary op, and returns its per-frequency
-// constants: inv_freq in f32 exactly as HF (and ref / cpu) compute it; the angles on the device.
+// constants (rope_frequencies: what ref and cpu use); the angles are computed on the device.
 RopeTable rope_table(std::string_view op, const Tensor& x, const Tensor& positions, const RopeParams& params) {
   check_f32(op, "x", x, 3);
   const int64_t T = x.dim(0), head_dim = x.dim(2), d = params.rotary_dim, half = d / 2;
@@ -74,18 +74,11 @@ RopeTable rope_table(std::string_view op, const Tensor& x, const Tensor& positio
                d, head_dim);
   QINFER_CHECK(half <= kRopeMaxHalf, "cuda {}: rotary_dim {} is above the {} this backend supports", op, d,
                2 * kRopeMaxHalf);
-  QINFER_CHECK(params.theta > 0, "cuda {}: theta {} must be positive", op, params.theta);
-  const auto& section = params.mrope_section;
-  QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
-               "cuda {}: mrope_section must be empty or 3 non-negative sizes, got {}", op, shape_str(section));
+  const RopeFrequencies f = rope_frequencies(fmt::format("cuda {}", op), params);
   RopeTable table{};
-  for (int64_t i = 0; i < half; ++i) {
-    table.axis[i] = 0;
-    if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) table.axis[i] = 1;
-    if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) table.axis[i] = 2;
-    table.inv_freq[i] =
-        1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
-  }
+  std::copy(f.inv_freq.begin(), f.inv_freq.end(), table.inv_freq);
+  std::copy(f.axis.begin(), f.axis.end(), table.axis);
+  table.attention_factor = f.attention_factor;
   return table;
 }
 

@@ -124,10 +124,12 @@ void launch_copy_2d(const void* src, int64_t src_pitch, void* dst, int64_t dst_p
 
 // --- rope.cu -----------------------------------------------------------------------------------
 constexpr int kRopeMaxHalf = 256;
-// Per-frequency constants computed on the host with HF's f32 arithmetic, passed by value.
+// Per-frequency constants computed on the host with HF's f32 arithmetic (rope_frequencies), passed
+// by value.
 struct RopeTable {
   float inv_freq[kRopeMaxHalf];
   int8_t axis[kRopeMaxHalf];  // position row (0 t, 1 h, 2 w) of each frequency
+  float attention_factor;     // multiplies cos and sin (YaRN's; 1 otherwise)
 };
 void launch_rope(float* x, const int32_t* positions, int64_t T, int64_t heads, int64_t head_dim, int64_t half,
                  const RopeTable& table, cudaStream_t stream);

@@ -1,6 +1,7 @@
 // Rotary embeddings in place, rotate-half pairing over the first rotary_dim features, MRoPE axes per
 // frequency, optionally after an RMSNorm of each head (the q/k norms). The angle follows HF's f32
-// arithmetic (the host computed inv_freq the same way).
+// arithmetic (the host computed inv_freq the same way), and cos and sin are scaled by the attention
+// factor as HF scales them.
 #include "backend/cuda/common.cuh"
 
 namespace qinfer::cuda {
@@ -112,6 +113,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Heads h, const __g
       if (i >= half) continue;
       float s, c;
       sincosf(angle[k], &s, &c);
+      s *= table.attention_factor, c *= table.attention_factor;
       const float lo = a[k] * c - b[k] * s, hi = b[k] * c + a[k] * s;
       xh[i] = lo;
       xh[i + half] = hi;

@@ -215,31 +215,19 @@ class RefOps final : public Ops {
     }
   }
 
-  // Follows HF's fp32 arithmetic (inv_freq, pos·inv_freq, cos, sin all in f32) so that golden
-  // comparisons stay tight.
+  // Follows HF's fp32 arithmetic (inv_freq, pos·inv_freq, cos and sin times the attention factor, all
+  // in f32) so that golden comparisons stay tight.
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
     check_tensor("rope", "x", x, kF32, {kAny, kAny, kAny});
     const int64_t T = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), d = params.rotary_dim, half = d / 2;
     check_tensor("rope", "positions", positions, kI32, {3, T});
     QINFER_CHECK(d > 0 && d % 2 == 0 && d <= head_dim, "ref rope: rotary_dim {} must be even and in (0, head_dim {}]",
                  d, head_dim);
-    QINFER_CHECK(params.theta > 0, "ref rope: theta {} must be positive", params.theta);
-    const auto& section = params.mrope_section;
-    QINFER_CHECK(section.empty() || (section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0),
-                 "ref rope: mrope_section must be empty or 3 non-negative sizes, got {}", shape_str(section));
-
-    std::vector<int> axis(half, 0);  // position row (t, h, w) of each frequency: interleaved MRoPE, qwen-spec §10.3
-    std::vector<float> inv_freq(half);
-    for (int64_t i = 0; i < half; ++i) {
-      if (!section.empty() && i % 3 == 1 && i < 3 * section[1]) axis[i] = 1;
-      if (!section.empty() && i % 3 == 2 && i < 3 * section[2]) axis[i] = 2;
-      inv_freq[i] =
-          1.0f / std::pow(static_cast<float>(params.theta), static_cast<float>(2 * i) / static_cast<float>(d));
-    }
+    const RopeFrequencies f = rope_frequencies("ref rope", params);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(positions.ptr<int32_t>()[axis[i] * T + t]) * inv_freq[i];
-        const float c = std::cos(angle), s = std::sin(angle);
+        const float angle = static_cast<float>(positions.ptr<int32_t>()[f.axis[i] * T + t]) * f.inv_freq[i];
+        const float c = std::cos(angle) * f.attention_factor, s = std::sin(angle) * f.attention_factor;
         for (int64_t h = 0; h < heads; ++h) {
           float* xh = x.ptr<float>() + (t * heads + h) * head_dim;
           const float a = xh[i], b = xh[i + half];
