@@ -142,8 +142,10 @@ class Ops {
   // Host memory this backend copies to and from without staging (pinned on a device backend; host
   // backends: host_tensor). Not zeroed.
   virtual Tensor alloc_pinned(DType dtype, std::vector<int64_t> shape);
-  // Each pair's copy (first → second), in order; host destinations are complete when the call
-  // returns. A device backend queues them all and waits once (the prefix cache's host tier).
+  // Each pair's copy (first → second), in order with this backend's other work, between its memory
+  // and alloc_pinned memory (the prefix cache's host tier). A device backend queues them and returns:
+  // a host destination is complete before anything queued after it, and for the host to read once
+  // the backend next waits for its device (a read back).
   virtual void copy_many(std::span<const std::pair<Tensor, Tensor>> copies);
   // copy_columns (tensor.h) on tensors in this backend's memory.
   virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);

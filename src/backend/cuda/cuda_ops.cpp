@@ -14,6 +14,7 @@
 #include <limits>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
@@ -421,23 +422,52 @@ class CudaOps final : public Ops {
     return t;
   }
 
-  // Pinned host memory (alloc_pinned) on either side: the copies queue on the stream, and one wait
-  // covers every host destination.
+  // Pinned host memory (alloc_pinned) on either side. The copies go to the stream in batches
+  // (cudaMemcpyBatchAsync: one call for a run of thousands of small rows, where a call each costs more
+  // than the bytes): a batch is a run of copies in one direction with no destination twice, since
+  // copies inside a batch may run in any order. Nothing waits: a host destination is complete in
+  // stream order, before anything queued after it (the host tier's bytes are read only by later copies
+  // on this stream, never by the host).
   void copy_many(std::span<const std::pair<Tensor, Tensor>> copies) override {
     if (mode_ != Mode::eager) return Ops::copy_many(copies);
     enter();
-    bool to_host = false;
-    for (const auto& [src, dst] : copies) {
-      QINFER_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel() && src.data && dst.data,
-                   "cuda copy_many: {} {} cannot be copied into {} {}", qinfer::name(src.dtype), shape_str(src.shape),
-                   qinfer::name(dst.dtype), shape_str(dst.shape));
-      const bool from_device = src.device == Device::cuda, to_device = dst.device == Device::cuda;
-      const cudaMemcpyKind kind = from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
-                                              : (to_device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
-      QINFER_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), kind, stream()));
-      to_host = to_host || !to_device;
+    auto kind_of = [](const std::pair<Tensor, Tensor>& c) {
+      const bool from_device = c.first.device == Device::cuda, to_device = c.second.device == Device::cuda;
+      return from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                         : (to_device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+    };
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    std::unordered_set<const void*> written;
+    for (size_t i = 0; i < copies.size();) {
+      const cudaMemcpyKind kind = kind_of(copies[i]);
+      dsts.clear();
+      srcs.clear();
+      sizes.clear();
+      written.clear();
+      for (; i < copies.size() && kind_of(copies[i]) == kind && written.insert(copies[i].second.data).second; ++i) {
+        const auto& [src, dst] = copies[i];
+        QINFER_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel() && src.data && dst.data,
+                     "cuda copy_many: {} {} cannot be copied into {} {}", qinfer::name(src.dtype),
+                     shape_str(src.shape), qinfer::name(dst.dtype), shape_str(dst.shape));
+        if (src.nbytes() == 0) continue;
+        dsts.push_back(dst.data);
+        srcs.push_back(src.data);
+        sizes.push_back(src.nbytes());
+      }
+      if (dsts.empty()) continue;
+      cudaMemcpyAttributes attributes{};
+      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t first = 0;
+      if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attributes, &first, 1, stream()) ==
+          cudaSuccess)
+        continue;
+      // A driver without batched copies: one call each, in order.
+      (void)cudaGetLastError();
+      for (size_t k = 0; k < dsts.size(); ++k)
+        QINFER_CUDA_CHECK(cudaMemcpyAsync(dsts[k], srcs[k], sizes[k], kind, stream()));
     }
-    if (to_host) synchronize();
   }
 
   void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override {
