@@ -308,32 +308,28 @@ uint64_t BlockManager::path_key(uint64_t parent_key, const int32_t* run) const {
   return h;
 }
 
-int32_t BlockManager::take_host_block() {
-  if (!free_host_blocks_.empty()) {
-    const int32_t h = free_host_blocks_.back();
-    free_host_blocks_.pop_back();
+namespace {
+// A host slot: a free one, or the least recently used copy's (which is forgotten).
+template <typename Copies>
+int32_t take_host_slot(std::vector<int32_t>& free, std::set<std::pair<uint64_t, uint64_t>>& lru, Copies& copies) {
+  if (!free.empty()) {
+    const int32_t h = free.back();
+    free.pop_back();
     return h;
   }
-  const uint64_t key = host_block_lru_.begin()->second;
-  host_block_lru_.erase(host_block_lru_.begin());
-  const auto it = host_blocks_.find(key);
+  const uint64_t key = lru.begin()->second;
+  lru.erase(lru.begin());
+  const auto it = copies.find(key);
   const int32_t h = it->second.slot;
-  host_blocks_.erase(it);
+  copies.erase(it);
   return h;
 }
+}  // namespace
+
+int32_t BlockManager::take_host_block() { return take_host_slot(free_host_blocks_, host_block_lru_, host_blocks_); }
 
 int32_t BlockManager::take_host_checkpoint() {
-  if (!free_host_checkpoints_.empty()) {
-    const int32_t h = free_host_checkpoints_.back();
-    free_host_checkpoints_.pop_back();
-    return h;
-  }
-  const uint64_t key = host_checkpoint_lru_.begin()->second;
-  host_checkpoint_lru_.erase(host_checkpoint_lru_.begin());
-  const auto it = host_checkpoints_.find(key);
-  const int32_t h = it->second.slot;
-  host_checkpoints_.erase(it);
-  return h;
+  return take_host_slot(free_host_checkpoints_, host_checkpoint_lru_, host_checkpoints_);
 }
 
 void BlockManager::spill_block(int32_t block) {

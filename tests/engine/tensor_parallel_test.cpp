@@ -176,9 +176,10 @@ TEST_P(TensorParallelEngineServing, OverProcessesGivesTheTokensOfOneModel) {
 
 // Requests one after another, each finding the earlier ones' blocks (and, on qwen3_5, checkpoints of
 // the recurrent state): (tokens, cached prompt tokens) of each.
-std::vector<std::pair<std::vector<int32_t>, int32_t>> in_turn(models::Runner& model,
-                                                              const std::vector<RequestParams>& requests) {
-  Engine s(model, test_tokenizer(), {.block_size = 4, .max_running = 4, .max_context = 128});
+std::vector<std::pair<std::vector<int32_t>, int32_t>> in_turn(
+    models::Runner& model, const std::vector<RequestParams>& requests,
+    const EngineOptions& options = {.block_size = 4, .max_running = 4, .max_context = 128}) {
+  Engine s(model, test_tokenizer(), options);
   std::vector<std::pair<std::vector<int32_t>, int32_t>> out;
   for (const RequestParams& r : requests) {
     Recorder rec(1);
@@ -244,22 +245,10 @@ TEST_P(TensorParallelEngineServing, HostTierGivesTheTokensOfOneModel) {
   std::vector<RequestParams> requests = {request(make_prompt(41, 21), 4, 0.0f, 0, 1)};
   for (uint32_t i = 1; i <= 3; ++i) requests.push_back(request(make_prompt(41, 100 + i), 4, 0.0f, 0, 1));
   requests.push_back(requests[0]);
-  auto in_turn_with_tier = [&](models::Runner& model) {
-    Engine s(model, test_tokenizer(), options);
-    std::vector<std::pair<std::vector<int32_t>, int32_t>> out;
-    for (const RequestParams& r : requests) {
-      Recorder rec(1);
-      EXPECT_TRUE(s.submit(r, rec.sink(0)));
-      EXPECT_TRUE(rec.wait());
-      out.push_back({rec[0].tokens[0], rec[0].finished[0].cached_prompt_tokens});
-    }
-    EXPECT_GT(s.stats().host_loaded_blocks_total, 0);
-    return out;
-  };
-  const auto want = in_turn_with_tier(one);
-  EXPECT_EQ(want.back().second, 40) << "the first prompt again, from the host";
+  const auto want = in_turn(one, requests, options);
+  EXPECT_EQ(want.back().second, 40) << "the first prompt again, from the host (the device pool holds 24 blocks)";
   EXPECT_EQ(want.back().first, want.front().first);
-  EXPECT_EQ(in_turn_with_tier(*two_ranks(checkpoint, "cpu")), want);
+  EXPECT_EQ(in_turn(*two_ranks(checkpoint, "cpu"), requests, options), want);
   std::string refused;
   EXPECT_EQ(over_two_processes(checkpoint,
                                [&](models::TensorParallelModel& g) {
