@@ -218,46 +218,41 @@ BlockManager::Match BlockManager::match(const std::vector<int32_t>& tokens, int6
   if (num_slots_ > 0 && usable > 0) {
     const Step& last = path[static_cast<size_t>(usable - 1)];
     if (last.block == kNotCached || checkpoint_[static_cast<size_t>(last.block)] < 0) {
-      const auto it = host_checkpoints_.find(last.key);
-      const HostCheckpoint copy = it->second;
-      host_checkpoints_.erase(it);  // taken out first: taking a slot may spill into the host tier
+      HostCheckpoint& copy = host_checkpoints_.at(last.key);
+      // Out of the LRU order while a slot is taken (which may spill into the tier): not pushed out.
       host_checkpoint_lru_.erase({copy.used, last.key});
       loaded_checkpoint = take_checkpoint(false);
       if (loaded_checkpoint < 0) {
-        host_checkpoints_.emplace(last.key, copy);
-        host_checkpoint_lru_.insert({copy.used, last.key});
         while (usable > 0 && (path[static_cast<size_t>(usable - 1)].block == kNotCached ||
                               checkpoint_[static_cast<size_t>(path[static_cast<size_t>(usable - 1)].block)] < 0))
           --usable;
       } else {
         add_work({copy.slot, loaded_checkpoint, CacheWork::Kind::load_state});
-        free_host_checkpoints_.push_back(copy.slot);
         ++host_loaded_checkpoints_;
       }
+      copy.used = ++clock_;  // the copy stays: the checkpoint's next eviction needs no save
+      host_checkpoint_lru_.insert({copy.used, last.key});
     }
   }
-  // The host copies on the path are taken out before any block is: taking one may evict (and spill)
-  // another, which must not push out a copy this match is about to use.
-  std::vector<HostBlock> copies;
+  // The host copies on the path leave the LRU order before any block is taken: taking one may evict
+  // (and spill) another, which must not push out a copy this match is about to use. They stay in the
+  // tier after: the blocks' next eviction needs no save.
+  std::vector<uint64_t> protected_keys;
   for (int64_t i = 0; i < usable; ++i) {
     const Step& p = path[static_cast<size_t>(i)];
     if (p.block != kNotCached) continue;
-    auto it = host_blocks_.find(p.key);
-    copies.push_back(std::move(it->second));
-    host_block_lru_.erase({copies.back().used, p.key});
-    host_blocks_.erase(it);
+    host_block_lru_.erase({host_blocks_.at(p.key).used, p.key});
+    protected_keys.push_back(p.key);
   }
-  size_t next_copy = 0;
   for (int64_t i = 0; i < usable; ++i) {
     Step& p = path[static_cast<size_t>(i)];
     if (p.block == kNotCached) {
       // Back onto the device as a node under the previous one, held by this sequence.
-      const HostBlock& copy = copies[next_copy++];
+      const HostBlock& copy = host_blocks_.at(p.key);
       const int32_t b = take_block();
       const size_t j = static_cast<size_t>(b);
       const int32_t parent = i == 0 ? kRoot : path[static_cast<size_t>(i - 1)].block;
       add_work({copy.slot, b, CacheWork::Kind::load_block});
-      free_host_blocks_.push_back(copy.slot);
       ++host_loaded_blocks_;
       parent_[j] = parent;
       run_[j] = copy.run;
@@ -273,12 +268,10 @@ BlockManager::Match BlockManager::match(const std::vector<int32_t>& tokens, int6
     }
     m.blocks.push_back(p.block);
   }
-  // Copies past the usable part go back where they were.
-  for (; next_copy < copies.size(); ++next_copy) {
-    const HostBlock& copy = copies[next_copy];
-    const uint64_t key = path_key(copy.parent_key, copy.run.data());
+  for (const uint64_t key : protected_keys) {
+    HostBlock& copy = host_blocks_.at(key);
+    copy.used = ++clock_;
     host_block_lru_.insert({copy.used, key});
-    host_blocks_.emplace(key, copy);
   }
   if (num_slots_ > 0 && usable > 0) {
     const int32_t b = m.blocks.back();
@@ -332,18 +325,20 @@ int32_t BlockManager::take_host_checkpoint() {
   return take_host_slot(free_host_checkpoints_, host_checkpoint_lru_, host_checkpoints_);
 }
 
+// A path's contents are the same wherever they lie: a block or checkpoint that came back from the
+// tier (its copy stayed there) goes out again with no save.
 void BlockManager::spill_block(int32_t block) {
   const size_t j = static_cast<size_t>(block);
   const uint64_t key = key_[j];
   auto it = host_blocks_.find(key);
   if (it == host_blocks_.end()) {
     it = host_blocks_.emplace(key, HostBlock{key_of(parent_[j]), run_[j], take_host_block(), 0}).first;
+    add_work({block, it->second.slot, CacheWork::Kind::save_block});
   } else {
     host_block_lru_.erase({it->second.used, key});
   }
   it->second.used = ++clock_;
   host_block_lru_.insert({it->second.used, key});
-  add_work({block, it->second.slot, CacheWork::Kind::save_block});
   if (checkpoint_[j] >= 0 && num_host_checkpoints_ > 0) spill_checkpoint(key, checkpoint_[j]);
 }
 
@@ -351,12 +346,12 @@ void BlockManager::spill_checkpoint(uint64_t key, int32_t checkpoint) {
   auto it = host_checkpoints_.find(key);
   if (it == host_checkpoints_.end()) {
     it = host_checkpoints_.emplace(key, HostCheckpoint{take_host_checkpoint(), 0}).first;
+    add_work({checkpoint, it->second.slot, CacheWork::Kind::save_state});
   } else {
     host_checkpoint_lru_.erase({it->second.used, key});
   }
   it->second.used = ++clock_;
   host_checkpoint_lru_.insert({it->second.used, key});
-  add_work({checkpoint, it->second.slot, CacheWork::Kind::save_state});
 }
 
 void BlockManager::publish(SequenceCache& cache, const std::vector<int32_t>& tokens, int32_t from_token) {

@@ -23,8 +23,9 @@
 // block, is copied into host memory instead of forgotten, keyed by a hash of the whole path it ends
 // (so a copy stands for the same tokens wherever it lies). A match that runs out of device nodes goes
 // on through host copies: each is copied back into a device block and becomes a node again, and a
-// checkpoint found only on the host is copied back into a checkpoint slot. The copies are work the
-// caller runs in order (take_work), before the next forward.
+// checkpoint found only on the host is copied back into a checkpoint slot; the copies stay, so what
+// bounces between the tiers is saved once. The copies are work the caller runs in order
+// (take_work), before the next forward.
 #include <cstdint>
 #include <set>
 #include <unordered_map>

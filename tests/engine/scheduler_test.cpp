@@ -243,7 +243,7 @@ TEST(BlockManager, HostTierSavesEvictedBlocksAndBringsThemBack) {
   }
   EXPECT_EQ(loads, 3);
   EXPECT_EQ(m.host_loaded_blocks(), 3);
-  EXPECT_EQ(m.host_blocks(), 3) << "b's three blocks went out, a's came back";
+  EXPECT_EQ(m.host_blocks(), 6) << "b's three blocks went out; a's copies stay";
   EXPECT_EQ(m.cached_blocks(), 4);
   SequenceCache again{hit.blocks, 12, -1};
   m.release(again);
@@ -253,6 +253,16 @@ TEST(BlockManager, HostTierSavesEvictedBlocksAndBringsThemBack) {
   EXPECT_TRUE(m.take_work().empty());
   SequenceCache done{second.blocks, 12, -1};
   m.release(done);
+  // Pushed out again, a's blocks need no save (their copies are there); b's first block, the one b
+  // left on the device, is saved.
+  SequenceCache sc;
+  m.hold(sc, 16);
+  work = m.take_work();
+  ASSERT_EQ(work.size(), 1u);
+  EXPECT_EQ(work[0].kind, CacheWork::Kind::save_block);
+  EXPECT_EQ(std::count(hit.blocks.begin(), hit.blocks.end(), work[0].from), 0) << "not one of a's";
+  EXPECT_EQ(m.host_blocks(), 7);
+  m.release(sc);
 }
 
 // A model with state: a block's checkpoint goes to the host with it and comes back into a checkpoint
