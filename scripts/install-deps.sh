@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libopenblas-dev
+  libcurl4-openssl-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev python3
 )

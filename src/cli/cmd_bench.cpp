@@ -197,7 +197,9 @@ void add_bench_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed, and decode GB/s against a bandwidth probe");
-  auto* model_opt = cmd->add_option("--model", o->model, "checkpoint folder (default: the bundled demo model)");
+  auto* model_opt = cmd->add_option("--model", o->model, "checkpoint folder, or a Hugging Face name "
+                  "org/name[@revision] (default: the bundled demo model)");
+  add_hub_flags(cmd);
   auto* shape_opt = cmd->add_option(
       "--shape", o->shape, "random weights of a released shape: qwen3-8b, qwen3-30b-a3b, qwen3_5-9b, qwen3_5-27b, ...");
   model_opt->excludes(shape_opt);

@@ -25,7 +25,9 @@ void add_chat_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("chat", "Interactive multi-turn chat (/reset, /exit; Ctrl-C stops an answer)");
-  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files (default: the bundled demo model)");
+  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files, or a Hugging Face name "
+                  "org/name[@revision] (default: the bundled demo model)");
+  add_hub_flags(cmd);
   cmd->add_option("--system", o->system, "system message");
   add_generation_flags(cmd, o->flags);
   cmd->callback([o] {

@@ -85,7 +85,9 @@ void evaluate(const Options& o, const std::vector<int32_t>& ids, models::EvalMod
 void add_eval_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("eval", "Logits (and greedy tokens) for a prompt of token ids");
-  cmd->add_option("--model", o->model, "checkpoint folder")->required();
+  cmd->add_option("--model", o->model, "checkpoint folder, or a Hugging Face name "
+                  "org/name[@revision]")->required();
+  add_hub_flags(cmd);
   cmd->add_option("--ids", o->ids, "comma-separated token ids")->required();
   cmd->add_option("--mode", o->mode,
                   "prefill | decode | chunked:N | cached:N: after an earlier request of the first N ids left them in "
@@ -107,7 +109,7 @@ void add_eval_command(CLI::App& app) {
                  "--dump needs --mode prefill (one forward, so each name is written once)");
     QINFER_CHECK(o->dump.empty() || o->tensor_parallel == 1,
                  "--dump needs --tensor-parallel 1 (a rank's intermediates hold only its heads)");
-    models::Checkpoint checkpoint = load_checkpoint(o->model);
+    models::Checkpoint checkpoint = load_checkpoint(model_folder(o->model));
     for (int32_t id : ids)
       QINFER_CHECK(id < checkpoint.config.text.vocab_size, "--ids: token id {} is outside the vocabulary (0..{})", id,
                    checkpoint.config.text.vocab_size - 1);

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "core/progress.h"
 #include "models/registry.h"
 
@@ -160,11 +161,13 @@ void add_inspect_command(CLI::App& app) {
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("inspect", "Describe a checkpoint: family, generation, quantization, tensors and "
                                                 "the normalization plan (no weights are loaded)");
-  cmd->add_option("dir", options->dir, "checkpoint folder (config.json + safetensors)")->required();
+  cmd->add_option("dir", options->dir, "checkpoint folder (config.json + safetensors), or a Hugging Face name "
+                  "org/name[@revision]")->required();
+  add_hub_flags(cmd);
   cmd->add_flag("--json", options->json, "print a JSON document instead of text");
   cmd->add_flag("--tensors", options->tensors, "list every canonical tensor and where it comes from");
   cmd->callback([options] {
-    models::Checkpoint ck = models::open_checkpoint(options->dir);
+    models::Checkpoint ck = models::open_checkpoint(model_folder(options->dir));
     json d = describe(ck, options->tensors);
     if (options->json) fmt::print("{}\n", d.dump(2));
     else print_human(d, options->tensors);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "core/progress.h"
 #include "models/quantize.h"
 
@@ -17,7 +18,10 @@ void add_quantize_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("quantize", "Write an MLX-quantized copy of a checkpoint (MLX naming and layout)");
-  cmd->add_option("--model", o->model, "input checkpoint folder (HF or MLX-converted, unquantized)")->required();
+  cmd->add_option("--model", o->model,
+                  "input checkpoint folder (HF or MLX-converted, unquantized), or a Hugging Face name "
+                  "org/name[@revision]")->required();
+  add_hub_flags(cmd);
   cmd->add_option("--out", o->out, "output folder")->required();
   cmd->add_option("--mode", o->mode, "affine (default), mxfp4, nvfp4 or mxfp8");
   cmd->add_option("--bits", o->bits, "affine bits: 2, 3, 4 (default), 5, 6 or 8");
@@ -32,7 +36,7 @@ void add_quantize_command(CLI::App& app) {
     options.layout.group_size = o->group_size ? o->group_size : (traits.group_size ? traits.group_size : 64);
     options.recipe = o->recipe;
     options.shard_bytes = static_cast<uint64_t>(o->shard_gb * 1e9);
-    const models::QuantizeReport r = models::quantize_checkpoint(o->model, o->out, options);
+    const models::QuantizeReport r = models::quantize_checkpoint(model_folder(o->model), o->out, options);
     fmt::print("{}: {} tensors quantized, {} kept, {} -> {} in {} shard(s)\n", o->out, r.quantized, r.kept,
                format_bytes(r.bytes_in), format_bytes(r.bytes_out), r.shards);
   });

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "core/error.h"
 #include "io/json.h"
 #include "tokenizer/chat_template.h"
@@ -16,8 +17,11 @@ void add_render_command(CLI::App& app) {
   auto model = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand(
       "render", "Print the prompt a chat-completions request (JSON on stdin) renders to through the chat template");
-  cmd->add_option("--model", *model, "model folder (only tokenizer_config.json / chat_template.jinja are read)")
+  cmd->add_option("--model", *model,
+                  "model folder (only tokenizer_config.json / chat_template.jinja are read), or a Hugging Face "
+                  "name org/name[@revision]")
       ->required();
+  add_hub_flags(cmd);
   cmd->callback([model] {
     const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
     nlohmann::ordered_json request;
@@ -29,7 +33,7 @@ void add_render_command(CLI::App& app) {
     } catch (const nlohmann::json::exception& e) {
       fail("request on stdin is not valid JSON: {}", e.what());
     }
-    const std::string prompt = tokenizer::ChatTemplate::from_model_dir(*model).render(request);
+    const std::string prompt = tokenizer::ChatTemplate::from_model_dir(model_folder(*model)).render(request);
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
   });

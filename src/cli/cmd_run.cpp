@@ -36,7 +36,9 @@ void add_run_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("run", "Generate a reply to one prompt, streamed to stdout");
-  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files (default: the bundled demo model)");
+  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files, or a Hugging Face name "
+                  "org/name[@revision] (default: the bundled demo model)");
+  add_hub_flags(cmd);
   cmd->add_option("-p,--prompt", o->prompt, "the prompt (user message)")->required();
   cmd->add_option("--system", o->system, "system message");
   cmd->add_flag("--raw", o->raw, "send the prompt as is, without the chat template");

@@ -25,7 +25,9 @@ namespace {
 // The one place that decides which model `serve` loads when --model is not given.
 std::string resolve_model_dir(const std::string& flag) { return model_or_default(flag); }
 
-std::string default_served_name(const std::string& dir) {
+// A model given by Hugging Face name is served under that name, not its snapshot's commit hash.
+std::string default_served_name(const std::string& flag, const std::string& dir) {
+  if (flag != dir && hub::parse_model_name(flag)) return hub::parse_model_name(flag)->repo;
   std::filesystem::path p(dir);
   if (p.filename().empty()) p = p.parent_path();
   return p.filename().string();
@@ -45,7 +47,9 @@ void add_serve_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)");
-  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files (default: the bundled demo model)");
+  cmd->add_option("--model", o->model, "checkpoint folder with tokenizer files, or a Hugging Face name "
+                  "org/name[@revision] (default: the bundled demo model)");
+  add_hub_flags(cmd);
   cmd->add_option("--host", o->server.host, "address to bind (default 127.0.0.1; other hosts need care)");
   cmd->add_option("--port", o->server.port, "port (default 8000; 0 picks a free one)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->server.api_key, "require \"Authorization: Bearer KEY\" on /v1/ requests")
@@ -64,7 +68,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", o->drain_timeout_s,
                   "seconds a SIGTERM / SIGINT waits for requests in progress before ending them (default 10)")
       ->check(CLI::Range(0.0, 86400.0));
-  cmd->add_option("--served-model-name", o->served_name, "the model id clients send (default: the folder name)");
+  cmd->add_option("--served-model-name", o->served_name,
+                  "the model id clients send (default: the folder name, or org/name for a Hugging "
+                  "Face name)");
   cmd->add_option("--max-running", o->engine.max_running, "sequences decoding at once (default 64)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-waiting", o->engine.max_waiting, "queued requests before 429 (default 256)")
@@ -126,7 +132,7 @@ void add_serve_command(CLI::App& app) {
     const engine::EngineOptions& so = engine.options();  // with its defaults resolved
 
     server::ServedModel served;
-    served.name = o->served_name.empty() ? default_served_name(dir) : o->served_name;
+    served.name = o->served_name.empty() ? default_served_name(o->model, dir) : o->served_name;
     served.tokenizer = &m->tokenizer;
     served.chat_template = m->chat_template ? &*m->chat_template : nullptr;
     served.chat_template_source = m->tokenizer.config().chat_template;

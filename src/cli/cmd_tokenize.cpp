@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/generation_options.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -52,13 +53,15 @@ void add_tokenize_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Token ids for JSON strings on stdin, one per line (--decode: text for JSON arrays of ids)");
-  cmd->add_option("--model", o->model, "folder with tokenizer.json (and tokenizer_config.json)")->required();
+  cmd->add_option("--model", o->model, "folder with tokenizer.json (and tokenizer_config.json), or a Hugging Face name "
+                  "org/name[@revision]")->required();
+  add_hub_flags(cmd);
   cmd->add_flag("--decode", o->decode, "read JSON arrays of ids, write JSON strings");
   cmd->add_flag("--special", o->special,
                 "encoding: add the tokenizer's own special tokens (its post-processor's BOS/EOS; Qwen adds none); "
                 "decoding: keep special tokens in the text (they are dropped by default)");
   cmd->callback([o] {
-    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(o->model);
+    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load(model_folder(o->model));
     std::ios::sync_with_stdio(false);
     std::string line;
     for (size_t number = 1; std::getline(std::cin, line); ++number) {

@@ -13,6 +13,8 @@ void add_quantize_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+// pull, ls, rm: the Hugging Face cache.
+void add_hub_commands(CLI::App& app);
 
 }  // namespace qinfer::cli
 

@@ -41,8 +41,25 @@ std::string default_model_dir() {
   fail("no --model given and the bundled demo model is not where it should be (looked in {})", looked);
 }
 
+namespace {
+std::string hf_token;  // --hf-token of this process's command
+}  // namespace
+
+void add_hub_flags(CLI::App* cmd) {
+  cmd->add_option("--hf-token", hf_token,
+                  "Hugging Face token for gated or private models named org/name (default: HF_TOKEN)");
+}
+
+hub::HubOptions hub_options() {
+  hub::HubOptions options = hub::HubOptions::from_env();
+  if (!hf_token.empty()) options.token = hf_token;
+  return options;
+}
+
+std::string model_folder(const std::string& model) { return hub::resolve_model(model, hub_options()).string(); }
+
 std::string model_or_default(const std::string& model) {
-  if (!model.empty()) return model;
+  if (!model.empty()) return model_folder(model);
   std::string dir = default_model_dir();
   log_info("no --model given: using the bundled demo model at {}", dir);
   return dir;

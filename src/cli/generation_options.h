@@ -9,6 +9,7 @@
 
 #include "engine/generate.h"
 #include "engine/reasoning.h"
+#include "hub/hub.h"
 #include "models/tensor_parallel.h"
 #include "tokenizer/chat_template.h"
 
@@ -66,8 +67,15 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, bool need_templa
 // (found beside the binary's build folder, or at the source path this binary was built from).
 // Throws naming the places it looked when there is none.
 std::string default_model_dir();
-// `model` itself, or default_model_dir() when it is empty (logged, so the user knows what runs).
+// model_folder(`model`), or default_model_dir() when it is empty (logged, so the user knows what runs).
 std::string model_or_default(const std::string& model);
+// The folder of a --model value: the folder itself when it exists, else the snapshot of a Hugging Face
+// name org/name[@revision], from the cache or downloaded (hub::resolve_model).
+std::string model_folder(const std::string& model);
+// --hf-token, beside --model on every command that takes one (HF_TOKEN when not given).
+void add_hub_flags(CLI::App* cmd);
+// HubOptions::from_env() with --hf-token over HF_TOKEN.
+hub::HubOptions hub_options();
 
 struct GenerationFlags {
   engine::GenerationOptions options;

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   qinfer::cli::add_run_command(app);
   qinfer::cli::add_chat_command(app);
   qinfer::cli::add_serve_command(app);
+  qinfer::cli::add_hub_commands(app);
 #ifdef QINFER_HAVE_CUDA
   add_devices_command(app);
 #endif

@@ -264,6 +264,21 @@ void Responder::end_stream() {
   c.server->wake(connection_);
 }
 
+void Responder::abort_stream() {
+  if (!streaming_) return;
+  streaming_ = false;
+  Connection& c = *connection_;
+  std::function<void()> unused;
+  {
+    std::lock_guard lock(c.mutex);
+    c.keep_alive = false;
+    c.answer_complete = true;
+    unused = std::move(c.on_gone);
+    c.on_gone = nullptr;
+  }
+  c.server->wake(connection_);
+}
+
 bool Responder::client_gone() const {
   std::lock_guard lock(connection_->mutex);
   return connection_->closed || connection_->broken;

@@ -54,6 +54,9 @@ class Responder {
   bool begin_stream(int status, std::string content_type, Headers headers = {});
   bool write(std::string_view chunk);
   void end_stream();
+  // Ends a streamed answer without its last chunk and closes the connection once what was written has
+  // gone out, as a server that dies mid-response would (for clients' retry paths and their tests).
+  void abort_stream();
 
   bool client_gone() const;
   // Called once, on the server's thread, if the client goes away before the answer is complete

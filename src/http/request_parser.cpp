@@ -327,6 +327,9 @@ std::string_view reason_phrase(int status) {
     case 100: return "Continue";
     case 200: return "OK";
     case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 302: return "Found";
+    case 307: return "Temporary Redirect";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -335,6 +338,7 @@ std::string_view reason_phrase(int status) {
     case 408: return "Request Timeout";
     case 413: return "Content Too Large";
     case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
     case 417: return "Expectation Failed";
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
