@@ -18,7 +18,8 @@ struct HubOptions {
   std::string endpoint;             // HF_ENDPOINT, else https://huggingface.co
   std::string token;                // HF_TOKEN; sent as "Authorization: Bearer" to the endpoint's host only
   bool offline = false;             // HF_HUB_OFFLINE=1: the cache only, no request at all
-  bool progress = true;             // a progress bar per file (drawn only on a terminal)
+  bool progress = true;             // progress bars (drawn only on a terminal)
+  int parallel = 4;                 // files downloaded at once (each shard on a connection of its own)
   int retries = 4;                  // further attempts at a file whose transfer broke off, each resuming
   std::chrono::milliseconds backoff{500};  // before the first retry; doubles after each
   std::chrono::seconds stall_timeout{30};  // a transfer that receives nothing this long is broken off

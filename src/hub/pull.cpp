@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -492,10 +493,53 @@ fs::path pull(const std::string& model, const HubOptions& options) {
   const fs::path repo_dir = repo_folder(options.cache_dir, name->repo);
   log_info("pulling {}@{} (commit {}): {} files into {}", name->repo, name->revision, revision.commit, files.size(),
            repo_dir.string());
-  for (const std::string& file : files) {
-    const std::string etag = fetch_blob(client, options, repo_dir, *name, revision.commit, file);
-    link_snapshot(repo_dir, revision.commit, file, etag);
+  // Several files at once, each worker on a connection of its own, the largest (shards) first. With
+  // more than one worker one bar counts the files instead of a bar each that would share a line.
+  std::stable_sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) {
+    return a.ends_with(".safetensors") > b.ends_with(".safetensors");
+  });
+  const size_t workers = std::clamp<size_t>(static_cast<size_t>(std::max(options.parallel, 1)), 1, files.size());
+  HubOptions each = options;
+  std::optional<ProgressBar> files_done;
+  if (workers > 1) {
+    each.progress = false;
+    if (options.progress) files_done.emplace("pulling " + name->repo, files.size(), ProgressBar::Unit::items);
   }
+  std::atomic<size_t> next{0};
+  std::mutex failed_mutex;
+  std::exception_ptr failed;
+  auto work = [&](Client& own) {
+    for (size_t i; (i = next++) < files.size();) {
+      {
+        std::lock_guard lock(failed_mutex);
+        if (failed) return;
+      }
+      try {
+        const std::string etag = fetch_blob(own, each, repo_dir, *name, revision.commit, files[i]);
+        link_snapshot(repo_dir, revision.commit, files[i], etag);
+        if (files_done) files_done->advance();
+      } catch (...) {
+        std::lock_guard lock(failed_mutex);
+        if (!failed) failed = std::current_exception();
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < workers; ++t)
+    threads.emplace_back([&] {
+      try {
+        Client own(options, name->repo, name->revision);
+        work(own);
+      } catch (...) {
+        std::lock_guard lock(failed_mutex);
+        if (!failed) failed = std::current_exception();
+      }
+    });
+  work(client);
+  for (std::thread& t : threads) t.join();
+  if (failed) std::rethrow_exception(failed);
+  if (files_done) files_done->finish();
   // Last, so that a ref names only a snapshot that is whole.
   if (!is_commit(name->revision)) write_atomically(repo_dir / "refs" / name->revision, revision.commit);
   return repo_dir / "snapshots" / revision.commit;

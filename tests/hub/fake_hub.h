@@ -90,6 +90,9 @@ class FakeHub {
   std::atomic<bool> corrupt{false};
   // The revision API answers after this long.
   std::atomic<int> api_delay_ms{0};
+  // CDN bodies start after this long; the most CDN GETs that were in flight at once.
+  std::atomic<int> cdn_delay_ms{0};
+  std::atomic<int> most_cdn_in_flight{0};
 
  private:
   void handle(http::Request& req, http::Responder& res) {
@@ -170,6 +173,18 @@ class FakeHub {
       if (it != cdn_files_.end()) file = it->second;
     }
     if (!file) return res.send({404, "text/plain", "no such object", {}});
+    if (req.method == "GET") {
+      const int now = ++cdn_in_flight_;
+      for (int most = most_cdn_in_flight; now > most && !most_cdn_in_flight.compare_exchange_weak(most, now);) {
+      }
+      if (cdn_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cdn_delay_ms.load()));
+    }
+    struct Leaving {
+      std::atomic<int>* count;
+      ~Leaving() {
+        if (count) --*count;
+      }
+    } leaving{req.method == "GET" ? &cdn_in_flight_ : nullptr};
     std::string body = file->content;
     if (corrupt) body[body.size() / 2] ^= 0x5a;
     const std::string cdn_etag = '"' + git_blob_sha1(body).substr(0, 32) + '"';  // S3's own, unlike the hub's
@@ -195,6 +210,7 @@ class FakeHub {
     res.end_stream();
   }
 
+  std::atomic<int> cdn_in_flight_{0};
   std::unique_ptr<http::Server> server_;
   int port_ = 0;
   std::mutex mutex_;

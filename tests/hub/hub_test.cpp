@@ -227,6 +227,25 @@ TEST_F(HubTest, OfflineWithNothingCachedMakesNoRequest) {
   EXPECT_TRUE(hub.requests().empty());
 }
 
+// A sharded model's shards come down at once, each on a connection of its own, and land whole.
+TEST_F(HubTest, ShardsDownloadAtOnce) {
+  FakeRepo sharded{.commit = std::string(40, 'c')};
+  sharded.files["config.json"] = {read_text(demo_dir() / "config.json"), false};
+  for (int i = 1; i <= 3; ++i)
+    sharded.files[fmt::format("model-{:05d}-of-00003.safetensors", i)] = {std::string(1 << 20, static_cast<char>('a' + i)), true};
+  hub.add_repo("demo/sharded", sharded);
+  hub.cdn_delay_ms = 300;
+  const fs::path snapshot = hub::pull("demo/sharded", options());
+  EXPECT_GE(hub.most_cdn_in_flight.load(), 2) << "the shards came one after another";
+  for (const auto& [name, file] : sharded.files) EXPECT_EQ(read_text(snapshot / name), file.content) << name;
+  hub::HubOptions one = options();
+  one.parallel = 1;
+  hub.most_cdn_in_flight = 0;
+  fs::remove_all(cache / "models--demo--sharded");
+  hub::pull("demo/sharded", one);
+  EXPECT_EQ(hub.most_cdn_in_flight.load(), 1) << "parallel = 1 downloads one at a time";
+}
+
 TEST_F(HubTest, TwoConcurrentPullsShareOneDownload) {
   std::string errors[2];
   std::thread threads[2];
