@@ -181,20 +181,23 @@ std::string blob_name(std::string etag) {
   return etag;
 }
 
-bool is_sha256(const std::string& text) {
-  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isxdigit(c); });
+bool is_hex(const std::string& text, size_t digits) {
+  return text.size() == digits &&
+         std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isxdigit(c); });
 }
 
-std::string sha256_of(const fs::path& path) {
+// The hex digest of `prefix` followed by the file's bytes (`what`: the digest's name, for errors).
+std::string hex_digest(const fs::path& path, const EVP_MD* md, const std::string& prefix, std::string_view what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  QINFER_CHECK(fd >= 0, "{}: cannot be opened to check its sha256", path.string());
+  QINFER_CHECK(fd >= 0, "{}: cannot be opened to check its {}", path.string(), what);
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  EVP_DigestInit_ex(ctx.get(), md, nullptr);
+  EVP_DigestUpdate(ctx.get(), prefix.data(), prefix.size());
   std::vector<unsigned char> buffer(1u << 20);
   ssize_t n;
   while ((n = ::read(fd, buffer.data(), buffer.size())) > 0) EVP_DigestUpdate(ctx.get(), buffer.data(), n);
   ::close(fd);
-  QINFER_CHECK(n == 0, "{}: read error while checking its sha256", path.string());
+  QINFER_CHECK(n == 0, "{}: read error while checking its {}", path.string(), what);
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int length = 0;
   EVP_DigestFinal_ex(ctx.get(), digest.data(), &length);
@@ -439,13 +442,22 @@ std::string fetch_blob(Client& client, const HubOptions& options, const fs::path
     fail("{}@{}: {} is {} bytes, the hub said {}; the partial file was deleted, run again", name.repo, name.revision,
          file, got_size, *size);
   }
-  if (is_sha256(linked)) {
-    const std::string got = sha256_of(incomplete);
-    if (got != linked) {
-      fs::remove(incomplete, ec);
-      fail("{}@{}: {} is corrupt: sha256 {} expected, {} received; the download was deleted, run again", name.repo,
-           name.revision, file, linked, got);
-    }
+  // LFS files are named by their sha256, the others by their git blob id: sha1 of "blob SIZE\0" and
+  // the bytes, as git hashes them.
+  std::string_view digest;
+  std::string got;
+  if (is_hex(linked, 64)) {
+    digest = "sha256";
+    got = hex_digest(incomplete, EVP_sha256(), "", digest);
+  } else if (linked.empty() && is_hex(etag, 40)) {
+    digest = "git blob sha1";
+    got = hex_digest(incomplete, EVP_sha1(), fmt::format("blob {}", got_size) + std::string(1, '\0'), digest);
+  }
+  const std::string& want = linked.empty() ? etag : linked;
+  if (!digest.empty() && got != want) {
+    fs::remove(incomplete, ec);
+    fail("{}@{}: {} is corrupt: {} {} expected, {} received; the download was deleted, run again", name.repo,
+         name.revision, file, digest, want, got);
   }
   fs::rename(incomplete, blob, ec);
   QINFER_CHECK(!ec, "{}: cannot be moved into place ({})", blob.string(), ec.message());

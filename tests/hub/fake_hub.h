@@ -30,7 +30,8 @@ inline std::string digest_hex(const EVP_MD* md, std::string_view data) {
 inline std::string sha256_hex(std::string_view data) { return digest_hex(EVP_sha256(), data); }
 // The id git gives a file's content, which the hub sends as the ETag of a file not in LFS.
 inline std::string git_blob_sha1(std::string_view data) {
-  return digest_hex(EVP_sha1(), fmt::format("blob {}\0", data.size()) + std::string(data));
+  // As git hashes a blob: "blob SIZE", a NUL, the bytes (`git hash-object`).
+  return digest_hex(EVP_sha1(), fmt::format("blob {}", data.size()) + std::string(1, '\0') + std::string(data));
 }
 
 struct FakeFile {
@@ -86,8 +87,9 @@ class FakeHub {
   // The next `stalls` CDN bodies stop for `stall_ms` after `drop_after` bytes.
   std::atomic<int> stalls{0};
   std::atomic<int> stall_ms{0};
-  // CDN bodies have one byte changed (same size, wrong sha256).
+  // CDN bodies have one byte changed (same size, wrong sha256); and so have the other files' bodies.
   std::atomic<bool> corrupt{false};
+  std::atomic<bool> corrupt_text{false};
   // The revision API answers after this long.
   std::atomic<int> api_delay_ms{0};
   // CDN bodies start after this long; the most CDN GETs that were in flight at once.
@@ -150,8 +152,8 @@ class FakeHub {
       return res.send({404, "text/plain", "Entry not found", {{"X-Error-Code", "EntryNotFound"}}});
     const FakeFile& file = it->second;
     if (!file.lfs)
-      return res.send({200, "text/plain", file.content, {{"ETag", '"' + git_blob_sha1(file.content) + '"'},
-                                                          {"X-Repo-Commit", repo->commit}}});
+      return res.send({200, "text/plain", corrupt_text ? std::string(file.content).replace(0, 1, "#") : file.content,
+                       {{"ETag", '"' + git_blob_sha1(file.content) + '"'}, {"X-Repo-Commit", repo->commit}}});
     const std::string sha = sha256_hex(file.content);
     {
       std::lock_guard lock(mutex_);

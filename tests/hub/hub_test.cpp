@@ -178,6 +178,19 @@ TEST_F(HubTest, AWrongHashIsRefusedAndNothingCorruptStays) {
   EXPECT_EQ(read_text(repo_dir() / "snapshots" / kCommit / "model.safetensors"), weights);
 }
 
+// A file outside LFS is checked against its git blob id (the ETag the hub gives it), as git computes
+// it (`git hash-object`).
+TEST_F(HubTest, AWrongGitBlobIdIsRefused) {
+  EXPECT_EQ(git_blob_sha1("hello\n"), "ce013625030ba8dba906f756967f9e9ca394464a");
+  hub.corrupt_text = true;
+  const std::string error = error_of([&] { hub::pull("demo/tiny", options()); });
+  EXPECT_THAT(error, HasSubstr("is corrupt: git blob sha1"));
+  EXPECT_FALSE(fs::exists(repo_dir() / "refs" / "main"));
+  hub.corrupt_text = false;
+  hub::pull("demo/tiny", options());
+  EXPECT_EQ(read_text(repo_dir() / "snapshots" / kCommit / "config.json"), read_text(demo_dir() / "config.json"));
+}
+
 TEST_F(HubTest, AGatedRepoSaysHowToGetIn) {
   const std::string error = error_of([&] { hub::pull("meta/gated", options()); });
   EXPECT_THAT(error, HasSubstr("HTTP 401"));
