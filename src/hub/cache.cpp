@@ -258,6 +258,7 @@ uint64_t remove_cached(const std::string& name, const HubOptions& options) {
   const uint64_t bytes = disk_bytes(folder);
   fs::remove_all(folder, ec);
   QINFER_CHECK(!ec, "rm {}: {} could not be removed: {}", name, folder.string(), ec.message());
+  fs::remove_all(options.cache_dir / ".locks" / folder.filename(), ec);  // its lock files, if any
   return bytes;
 }
 

@@ -230,7 +230,8 @@ bool transient(const Reply& reply) {
   }
 }
 
-// flock on blobs/{etag}.lock: one process (or thread) downloads a blob, the others wait for it.
+// flock on .locks/models--org--name/{etag}.lock: one process (or thread) downloads a blob, the others
+// wait for it.
 class BlobLock {
  public:
   explicit BlobLock(const fs::path& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
@@ -398,7 +399,10 @@ std::string fetch_blob(Client& client, const HubOptions& options, const fs::path
   std::error_code ec;
   if (fs::exists(blob, ec)) return etag;
   fs::create_directories(blobs);
-  const BlobLock lock(blobs / (etag + ".lock"));
+  // Where huggingface_hub keeps its locks, so that it and qinfer wait for each other too.
+  const fs::path locks = options.cache_dir / ".locks" / repo_dir.filename();
+  fs::create_directories(locks);
+  const BlobLock lock(locks / (etag + ".lock"));
   if (fs::exists(blob, ec)) return etag;  // another process finished it while this one waited
 
   const fs::path incomplete = blobs / (etag + ".incomplete");

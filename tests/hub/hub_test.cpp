@@ -57,11 +57,11 @@ struct HubTest : ::testing::Test {
   }
   fs::path repo_dir() const { return cache / "models--demo--tiny"; }
 
-  // What blobs/ holds, partial files and locks aside.
+  // What blobs/ holds (partial files included).
   std::vector<std::string> blobs() const {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(repo_dir() / "blobs"))
-      if (e.path().extension() != ".lock") names.push_back(e.path().filename().string());
+      names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -103,6 +103,9 @@ TEST_F(HubTest, PullWritesTheLayoutHuggingfaceHubWrites) {
   EXPECT_FALSE(fs::exists(snapshot / "TRAINING.md"));  // only what a model needs
   EXPECT_FALSE(fs::exists(snapshot / "original"));
   EXPECT_EQ(blobs().size(), 5u);
+  // Locks where huggingface_hub keeps them, none beside the blobs.
+  EXPECT_TRUE(fs::exists(cache / ".locks" / "models--demo--tiny" / (sha256_hex(weights) + ".lock")));
+  for (const auto& e : fs::directory_iterator(repo_dir() / "blobs")) EXPECT_NE(e.path().extension(), ".lock");
   // The CDN redirect was followed, and a second pull downloads nothing.
   EXPECT_EQ(hub.cdn_gets(), 1);
   hub::pull("demo/tiny", options());
@@ -358,6 +361,7 @@ TEST_F(HubTest, CommandsRunPullListAndRemoveByName) {
   const CommandResult rm = run_command(env + bin + " rm demo/tiny");
   ASSERT_EQ(rm.status, 0) << rm.err;
   EXPECT_FALSE(fs::exists(repo_dir()));
+  EXPECT_FALSE(fs::exists(cache / ".locks" / "models--demo--tiny")) << "its locks go with it";
   EXPECT_TRUE(fs::exists(cache / "models--meta--gated"));
   const CommandResult offline_gone =
       run_command(env + "HF_HUB_OFFLINE=1 " + bin + " run --model demo/tiny -p hi -n 4 --temp 0");
