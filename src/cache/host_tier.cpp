@@ -39,17 +39,6 @@ HostTier::HostTier(ModelCache& cache, int64_t blocks, int64_t checkpoints) : blo
   }
 }
 
-uint64_t HostTier::block_bytes(const CacheShape& s, int32_t block_size, int ranks) {
-  const auto elements = static_cast<uint64_t>(s.attention_layers * block_size * s.kv_heads * s.head_dim);
-  return 2 * storage_bytes(s.kv_dtype, elements) * static_cast<uint64_t>(ranks);
-}
-
-uint64_t HostTier::checkpoint_bytes(const CacheShape& s, int ranks) {
-  return static_cast<uint64_t>(s.linear_layers) * sizeof(float) *
-         static_cast<uint64_t>(s.conv_window * s.conv_channels + s.value_heads * s.value_head_dim * s.key_head_dim) *
-         static_cast<uint64_t>(ranks);
-}
-
 void HostTier::queue_block(int32_t device, int32_t host, bool to_host) {
   QINFER_CHECK(host >= 0 && host < blocks_, "host tier: host block {} is outside its {} blocks", host, blocks_);
   for (Rank& r : ranks_) {

@@ -16,10 +16,6 @@ class HostTier {
   // processes cannot have one: those rows are not reachable from here).
   HostTier(ModelCache& cache, int64_t blocks, int64_t checkpoints);
 
-  // Bytes one host block (every attention layer of every rank) and one checkpoint take.
-  static uint64_t block_bytes(const CacheShape& shape, int32_t block_size, int ranks = 1);
-  static uint64_t checkpoint_bytes(const CacheShape& shape, int ranks = 1);
-
   // One batch of copies, run in the order they were added by run().
   void save_block(int32_t block, int32_t host);   // device block → host block
   void load_block(int32_t host, int32_t block);   // and back

@@ -15,7 +15,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "cache/host_tier.h"
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
@@ -157,9 +156,10 @@ EngineOptions resolve_options(const EngineOptions& o, const models::Runner& mode
       QINFER_CHECK(bytes <= static_cast<double>(*host_available),
                    "engine: host_cache_gb {} is more than the host's {:.2f} GB of available memory", r.host_cache_gb,
                    static_cast<double>(*host_available) / 1e9);
-    const int ranks = model.local_ranks();
-    const double block = static_cast<double>(HostTier::block_bytes(shape, r.block_size, ranks));
-    const double checkpoint = static_cast<double>(HostTier::checkpoint_bytes(shape, ranks));
+    // A host block or checkpoint holds every rank's share of this process.
+    const double ranks = model.local_ranks();
+    const double block = kv_block_bytes(shape, r.block_size) * ranks;
+    const double checkpoint = static_cast<double>(slot_bytes) * ranks;
     const double for_checkpoints = slot_bytes > 0 ? 0.1 * bytes : 0;
     r.host_checkpoints = slot_bytes > 0 ? static_cast<int64_t>(for_checkpoints / checkpoint) : 0;
     r.host_blocks = block > 0 ? static_cast<int64_t>((bytes - for_checkpoints) / block) : 0;

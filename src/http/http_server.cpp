@@ -249,29 +249,19 @@ bool Responder::write(std::string_view chunk) {
   return !c.closed && !c.broken;
 }
 
-void Responder::end_stream() {
-  if (!streaming_) return;
-  streaming_ = false;
-  Connection& c = *connection_;
-  std::function<void()> unused;
-  {
-    std::lock_guard lock(c.mutex);
-    if (!c.http10 && !c.head) c.queue("0\r\n\r\n");
-    c.answer_complete = true;
-    unused = std::move(c.on_gone);
-    c.on_gone = nullptr;
-  }
-  c.server->wake(connection_);
-}
+void Responder::end_stream() { finish_stream(true); }
 
-void Responder::abort_stream() {
+void Responder::abort_stream() { finish_stream(false); }
+
+void Responder::finish_stream(bool whole) {
   if (!streaming_) return;
   streaming_ = false;
   Connection& c = *connection_;
   std::function<void()> unused;
   {
     std::lock_guard lock(c.mutex);
-    c.keep_alive = false;
+    if (!whole) c.keep_alive = false;
+    else if (!c.http10 && !c.head) c.queue("0\r\n\r\n");
     c.answer_complete = true;
     unused = std::move(c.on_gone);
     c.on_gone = nullptr;

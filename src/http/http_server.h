@@ -66,6 +66,9 @@ class Responder {
   bool answered() const { return answered_; }
 
  private:
+  // end_stream (`whole`: the last chunk goes out) and abort_stream (the connection closes instead).
+  void finish_stream(bool whole);
+
   std::shared_ptr<Connection> connection_;
   bool answered_ = false;
   bool streaming_ = false;

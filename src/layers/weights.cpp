@@ -27,14 +27,13 @@ std::optional<uint64_t> first_non_finite_parallel(DType values, std::span<const 
   return first < count ? std::optional<uint64_t>(first) : std::nullopt;
 }
 
-// A NaN or infinity in a weight turns every output into garbage (often "!!!!") with no error, so
-// each tensor is checked as it is read, as `values` (a quantized one's uint8 scale codes say what
-// they hold). When `spans` are t's pieces the stored tensor is named; `part` names a rank's slice.
+}  // namespace
+
 void check_finite(const io::CanonicalTensor& t, DType values, std::span<const std::span<const std::byte>> spans,
-                  bool spans_are_pieces, const std::string& part) {
+                  bool spans_are_pieces, const std::string& part, uint64_t first) {
   if (bits(values) % 8 != 0) return;
   const uint64_t width = bits(values) / 8;
-  uint64_t before = 0;  // elements in earlier spans
+  uint64_t before = first;  // elements before this span
   for (size_t k = 0; k < spans.size(); ++k) {
     const uint64_t count = spans[k].size() / width;
     const std::optional<uint64_t> at = first_non_finite_parallel(values, spans[k], count);
@@ -53,6 +52,8 @@ void check_finite(const io::CanonicalTensor& t, DType values, std::span<const st
          whole ? piece.offset / width + *at : before + *at, part);
   }
 }
+
+namespace {
 
 // The tensor's bytes straight from the mapped files to the backend.
 Tensor copy_to(Ops& ops, const io::CanonicalTensor& t, DType values, ProgressBar* progress) {

@@ -3,6 +3,8 @@
 // bf16, MLX-quantized stays packed: decode streams it), vectors (norm gains, conv kernels, gates' parameters) become f32 with
 // any due +1 applied. Under tensor parallelism each rank loads only its slice (parallel/sharding.h).
 // A NaN or infinity in any float tensor (a quantized one's scales / biases) is an Error naming it.
+#include <cstdint>
+#include <span>
 #include <string>
 
 #include "backend/ops.h"
@@ -11,6 +13,13 @@
 #include "parallel/sharding.h"
 
 namespace qinfer::layers {
+
+// A NaN or infinity in a weight turns every output into garbage (often "!!!!") with no error, so
+// each tensor is checked as it is read, as `values` (a quantized one's uint8 scale codes say what
+// they hold): an Error naming file, tensor and element. When `spans` are t's pieces the stored
+// tensor is named; `part` names a rank's slice; `first`: the element the spans start at.
+void check_finite(const io::CanonicalTensor& t, DType values, std::span<const std::span<const std::byte>> spans,
+                  bool spans_are_pieces, const std::string& part, uint64_t first = 0);
 
 class WeightLoader {
  public:

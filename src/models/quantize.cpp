@@ -9,6 +9,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "io/safetensors_writer.h"
+#include "layers/weights.h"
 #include "models/registry.h"
 
 namespace qinfer::models {
@@ -72,16 +73,11 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
 }
 
 // A weight that is not finite quantizes into scales that are not either: refused, naming it, as the
-// loader refuses it (io/checkpoint.cpp, layers/weights.cpp). `first`: the element `data` starts at.
+// loader refuses it. `first`: the element `data` starts at.
 void check_finite(const io::CanonicalTensor& t, DType dtype, const void* data, uint64_t count, uint64_t first = 0) {
   if (!traits(dtype).is_float) return;
-  const std::optional<uint64_t> at = first_non_finite(dtype, data, count);
-  if (!at) return;
-  float value = 0;
-  convert_to_f32(dtype, static_cast<const std::byte*>(data) + storage_bytes(dtype, *at), &value, 1);
-  throw Error(fmt::format("{}: tensor '{}' holds {} at element {}: non-finite weights make the output garbage (a "
-                          "corrupt download or a broken conversion); nothing was written",
-                          t.pieces.front().source->file->path().string(), t.sources.front(), value, first + *at));
+  const std::span<const std::byte> bytes(static_cast<const std::byte*>(data), storage_bytes(dtype, count));
+  layers::check_finite(t, dtype, std::span(&bytes, 1), false, "", first);
 }
 
 // Streams one output (its declared tensors, in order) into the shard writer.
@@ -260,27 +256,34 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   // A failure part way (a weight that is not finite, a full disk) leaves no shard behind that a
   // later load could take for a whole model.
   std::vector<fs::path> written;
-  try {
-  for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file = shards.size() == 1 ? "model.safetensors"
-                                                : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
-    std::vector<io::TensorDeclaration> decl;
-    for (const Output* o : shards[s])
-      for (io::TensorDeclaration& d : declarations(*o)) {
-        weight_map[d.name] = file;
-        decl.push_back(std::move(d));
-      }
-    written.push_back(out / file);
-    io::SafetensorsWriter writer(out / file, decl, {{"format", "mlx"}});
-    for (const Output* o : shards[s]) {
-      write_output(writer, *o, options.pool ? *options.pool : global_thread_pool(), progress);
-      (o->layout ? report.quantized : report.kept) += 1;
-    }
-    writer.finish();
-  }
-  } catch (...) {
+  auto remove_written = [&] {
     std::error_code ignored;
     for (const fs::path& f : written) fs::remove(f, ignored);
+  };
+  try {
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string file = shards.size() == 1
+                                   ? "model.safetensors"
+                                   : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+      std::vector<io::TensorDeclaration> decl;
+      for (const Output* o : shards[s])
+        for (io::TensorDeclaration& d : declarations(*o)) {
+          weight_map[d.name] = file;
+          decl.push_back(std::move(d));
+        }
+      written.push_back(out / file);
+      io::SafetensorsWriter writer(out / file, decl, {{"format", "mlx"}});
+      for (const Output* o : shards[s]) {
+        write_output(writer, *o, options.pool ? *options.pool : global_thread_pool(), progress);
+        (o->layout ? report.quantized : report.kept) += 1;
+      }
+      writer.finish();
+    }
+  } catch (const Error& e) {
+    remove_written();
+    throw Error(fmt::format("{}; nothing was written", e.what()));
+  } catch (...) {
+    remove_written();
     throw;
   }
   progress.finish();
